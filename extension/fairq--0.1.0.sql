@@ -1,0 +1,1266 @@
+-- fairq 0.1.0 — generated from sql/ by `make script`; do not edit.
+\echo Use "CREATE EXTENSION fairq" to load this file. \quit
+
+-- ==== sql/tables.sql ====
+
+-- tables.sql — where fairq keeps its state.
+--
+-- Invariants kept by every function in this schema:
+--   * one channel row per name (unique), created on first use, removed when it has
+--     no explicit policy and no messages;
+--   * channel.in_flight = number of its messages with status 'locked';
+--   * channel.due_at is NULL only when the channel has no pending ('ready' or
+--     'scheduled') message, and is never later than the earliest time one of its
+--     pending messages becomes due (it may be earlier: a dequeue then finds nothing
+--     and recomputes it);
+--   * channel.turn_at is NULL when the channel cannot be served (nothing pending or
+--     at max_concurrency), else the time its next turn comes; (turn_at, turn_seq)
+--     orders the round-robin;
+--   * channel_size exists exactly for channels with a max_size and counts all their
+--     messages, in flight included.
+-- Messages move scheduled -> ready -> locked -> (deleted | ready | scheduled).
+-- Only 'ready' messages are ordered by priority; a 'scheduled' message becomes
+-- 'ready' in the dequeue that finds it due, so no daemon is needed.
+
+CREATE TYPE fairq.message_status AS ENUM ('scheduled', 'ready', 'locked');
+
+CREATE SEQUENCE fairq.channel_id_seq;
+-- Round-robin tie-breaker: a served or newly eligible channel takes the next value,
+-- so channels whose turns fall in the same microsecond still take strict turns.
+CREATE SEQUENCE fairq.turn_seq;
+CREATE SEQUENCE fairq.message_id_seq;
+
+-- Every dequeue rewrites its channel's turn (an indexed column), so channel updates
+-- cannot be HOT: leave room on each page and vacuum the small, hot table often.
+CREATE TABLE fairq.channel (
+    id                  bigint      NOT NULL DEFAULT nextval('fairq.channel_id_seq') PRIMARY KEY,
+    name                text        NOT NULL UNIQUE,
+    has_policy          boolean     NOT NULL DEFAULT false,
+    max_concurrency     integer,
+    release_interval_ms bigint      NOT NULL DEFAULT 0,
+    max_size            integer,
+    max_attempts        integer,
+    in_flight           integer     NOT NULL DEFAULT 0,
+    last_release_at     timestamptz,
+    due_at              timestamptz,
+    turn_at             timestamptz,
+    turn_seq            bigint
+) WITH (fillfactor = 50,
+        autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
+        autovacuum_analyze_scale_factor = 0.05, autovacuum_vacuum_cost_delay = 0);
+ALTER SEQUENCE fairq.channel_id_seq OWNED BY fairq.channel.id;
+
+-- The dequeue's first lookup: the eligible channel whose turn is earliest.
+CREATE INDEX channel_turn_ix ON fairq.channel (turn_at, turn_seq) WHERE turn_at IS NOT NULL;
+
+-- Producers of a bounded channel serialise on this row, not on the channel row that
+-- dequeues lock, so an open producer transaction never hides a channel from workers.
+CREATE TABLE fairq.channel_size (
+    channel_id bigint  NOT NULL PRIMARY KEY,
+    size       integer NOT NULL
+) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+
+CREATE TABLE fairq.message (
+    id                bigint               NOT NULL DEFAULT nextval('fairq.message_id_seq') PRIMARY KEY,
+    channel_id        bigint               NOT NULL,
+    status            fairq.message_status NOT NULL,
+    priority          integer              NOT NULL DEFAULT 0,
+    dequeue_at        timestamptz          NOT NULL,
+    locked_until      timestamptz,
+    num_attempts      bigint               NOT NULL DEFAULT 0,
+    recovered         boolean              NOT NULL DEFAULT false,
+    created_at        timestamptz          NOT NULL,
+    first_dequeued_at timestamptz,
+    dedup_key         text,
+    content           bytea                NOT NULL,
+    state             bytea
+) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
+        autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
+ALTER SEQUENCE fairq.message_id_seq OWNED BY fairq.message.id;
+
+-- A channel's best ready message: priority first, then schedule, then arrival.
+CREATE INDEX message_ready_ix ON fairq.message (channel_id, priority DESC, dequeue_at, id)
+    WHERE status = 'ready';
+-- A channel's scheduled messages, by the time they become due.
+CREATE INDEX message_scheduled_ix ON fairq.message (channel_id, dequeue_at, id)
+    WHERE status = 'scheduled';
+-- Locks that may have expired, oldest expiry first.
+CREATE INDEX message_locked_ix ON fairq.message (locked_until)
+    WHERE status = 'locked';
+CREATE UNIQUE INDEX message_dedup_ix ON fairq.message (channel_id, dedup_key)
+    WHERE dedup_key IS NOT NULL;
+
+CREATE TABLE fairq.dead_letter (
+    id           bigint      NOT NULL PRIMARY KEY,
+    channel      text        NOT NULL,
+    priority     integer     NOT NULL,
+    content      bytea       NOT NULL,
+    state        bytea,
+    num_attempts bigint      NOT NULL,
+    error        text,
+    created_at   timestamptz NOT NULL,
+    died_at      timestamptz NOT NULL
+);
+CREATE INDEX dead_letter_died_at_ix ON fairq.dead_letter (died_at);
+
+-- Filled only while the setting fairq.history is on.
+CREATE TABLE fairq.message_history (
+    id                bigint      NOT NULL,
+    channel           text        NOT NULL,
+    priority          integer     NOT NULL,
+    created_at        timestamptz NOT NULL,
+    first_dequeued_at timestamptz,
+    settled_at        timestamptz NOT NULL,
+    num_attempts      bigint      NOT NULL,
+    outcome           text        NOT NULL CHECK (outcome IN ('completed', 'dead', 'cancelled'))
+);
+CREATE INDEX message_history_settled_at_ix ON fairq.message_history (settled_at);
+CREATE INDEX message_history_id_ix ON fairq.message_history (id);
+
+-- Queue data is user data: pg_dump must back it up although the tables belong to
+-- the extension. (Outside CREATE EXTENSION, e.g. `fairq install`, nothing to mark.)
+DO $config_dump$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'fairq') THEN
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.channel', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_size', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.message', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.dead_letter', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.message_history', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_id_seq', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.message_id_seq', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.turn_seq', '');
+    END IF;
+END
+$config_dump$;
+
+-- ==== sql/clock.sql ====
+
+-- clock.sql — the one clock every fairq function reads.
+--
+-- Invariants:
+--   * time is the server's clock at the moment of the call (clock_timestamp()),
+--     read once per call, never the transaction's start time: a producer inside a
+--     long transaction still schedules against real time;
+--   * durations are whole milliseconds (bigint) turned into intervals exactly,
+--     never through a hand-rolled epoch;
+--   * tests may shift the clock forward or back with fairq.clock_travel(); only the
+--     extension's owner can, so no caller can bend the queue's time.
+
+CREATE TABLE fairq.clock_offset (
+    singleton boolean  NOT NULL DEFAULT true PRIMARY KEY CHECK (singleton),
+    shift     interval NOT NULL DEFAULT interval '0'
+);
+INSERT INTO fairq.clock_offset DEFAULT VALUES;
+
+CREATE FUNCTION fairq.clock() RETURNS timestamptz
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT clock_timestamp() + COALESCE((SELECT shift FROM fairq.clock_offset), interval '0')
+$$;
+
+CREATE FUNCTION fairq.ms(p_milliseconds bigint) RETURNS interval
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$ SELECT p_milliseconds * interval '1 millisecond' $$;
+
+-- For tests only (not granted to anyone): moves the queue's clock by p_shift_ms
+-- relative to real time. fairq.clock_travel(0) returns to real time.
+CREATE FUNCTION fairq.clock_travel(p_shift_ms bigint) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_shift_ms IS NULL THEN
+        RAISE EXCEPTION 'p_shift_ms must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    UPDATE fairq.clock_offset SET shift = fairq.ms(p_shift_ms);
+    RETURN fairq.clock();
+END
+$$;
+
+-- ==== sql/validate.sql ====
+
+-- validate.sql — argument checks shared by every public function.
+--
+-- Invariant: a call with a bad argument raises before it changes anything, with
+-- SQLSTATE 22004 for a missing (NULL) required value and 22023 for an invalid one,
+-- and a message that starts with the parameter's name.
+
+CREATE FUNCTION fairq.require(p_value anyelement, p_name text) RETURNS anyelement
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', p_name USING ERRCODE = '22004';
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+CREATE FUNCTION fairq.require_at_least(p_value bigint, p_minimum bigint, p_name text) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', p_name USING ERRCODE = '22004';
+    END IF;
+    IF p_value < p_minimum THEN
+        RAISE EXCEPTION '% must be at least %, got %', p_name, p_minimum, p_value
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+-- NULL is allowed and means "unlimited".
+CREATE FUNCTION fairq.require_limit(p_value bigint, p_name text) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_value < 1 THEN
+        RAISE EXCEPTION '% must be at least 1 or NULL (unlimited), got %', p_name, p_value
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+CREATE FUNCTION fairq.require_channel_name(p_channel text, p_name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_channel IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', p_name USING ERRCODE = '22004';
+    END IF;
+    IF p_channel = '' OR octet_length(p_channel) > 255 THEN
+        RAISE EXCEPTION '% must be non-empty text of at most 255 bytes, got % bytes',
+            p_name, octet_length(p_channel) USING ERRCODE = '22023';
+    END IF;
+    RETURN p_channel;
+END
+$$;
+
+-- ==== sql/events.sql ====
+
+-- events.sql — what fairq tells the outside world: NOTIFY events and history.
+--
+-- Invariants:
+--   * events are hints sent from inside the caller's transaction, so listeners hear
+--     of a message only once it is committed; payloads stay small (NOTIFY takes a
+--     global lock at commit) and `SET fairq.events = off` silences them;
+--   * with `fairq.history = on`, every message that leaves the queue (completed,
+--     dead, cancelled) leaves exactly one row in fairq.message_history;
+--   * a dead letter keeps everything needed to put the message back.
+
+CREATE FUNCTION fairq.notify_event(p_event text, p_channel text, p_id bigint, p_dequeue_at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF coalesce(current_setting('fairq.events', true), '') NOT IN ('off', 'false', '0') THEN
+        PERFORM pg_notify('fairq', json_build_object(
+            'event', p_event, 'channel', p_channel, 'id', p_id, 'dequeue_at', p_dequeue_at)::text);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION fairq.record_history(p_message fairq.message, p_channel text, p_outcome text,
+                                     p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1') THEN
+        INSERT INTO fairq.message_history
+            (id, channel, priority, created_at, first_dequeued_at, settled_at, num_attempts, outcome)
+        VALUES (p_message.id, p_channel, p_message.priority, p_message.created_at,
+                p_message.first_dequeued_at, p_now, p_message.num_attempts, p_outcome);
+    END IF;
+END
+$$;
+
+-- Moves a message its caller has already deleted (under the channel lock) to the
+-- dead letters.
+CREATE FUNCTION fairq.bury(p_message fairq.message, p_channel fairq.channel, p_error text,
+                           p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO fairq.dead_letter
+        (id, channel, priority, content, state, num_attempts, error, created_at, died_at)
+    VALUES (p_message.id, p_channel.name, p_message.priority, p_message.content, p_message.state,
+            p_message.num_attempts, p_error, p_message.created_at, p_now);
+    PERFORM fairq.record_history(p_message, p_channel.name, 'dead', p_now);
+    PERFORM fairq.channel_resize(p_channel, -1, false);
+END
+$$;
+
+-- ==== sql/channels.sql ====
+
+-- channels.sql — channel policy, turns and lifecycle.
+--
+-- Invariants:
+--   * lock order, everywhere: a message row, then its channel row, then its
+--     channel_size row. The dequeue only ever waits for a channel row, and only
+--     when it holds no other lock, so fairq calls cannot deadlock one another;
+--   * producers hold FOR KEY SHARE on their channel row, which dequeues and
+--     settlements (FOR NO KEY UPDATE) do not conflict with: an open producer
+--     transaction never hides or blocks its channel. Only a change that would make
+--     a channel *less* eligible (going idle, removal) needs to know that no producer
+--     is mid-insert, and it learns that with FOR UPDATE SKIP LOCKED, never by waiting;
+--   * a channel joins the round-robin at the back (its turn is "now"), a served
+--     channel goes to the back, and a rate-limited channel's turn is never earlier
+--     than its last release plus release_interval_ms.
+
+-- When a channel's next turn comes. With p_turn_at set, an existing earlier turn is
+-- kept (a new message never delays a channel that already waits for its turn).
+CREATE FUNCTION fairq.next_turn(
+    p_turn_at timestamptz, p_due_at timestamptz, p_last_release_at timestamptz,
+    p_release_interval_ms bigint, p_in_flight integer, p_max_concurrency integer,
+    p_now timestamptz
+) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN p_due_at IS NULL THEN NULL
+        WHEN p_max_concurrency IS NOT NULL AND p_in_flight >= p_max_concurrency THEN NULL
+        ELSE LEAST(p_turn_at,
+                   GREATEST(p_due_at, p_now,
+                            p_last_release_at + fairq.ms(p_release_interval_ms)))
+    END
+$$;
+
+-- Writes back a channel row its caller has locked and changed. p_keep_turn keeps an
+-- earlier turn (create, defer, settle); without it the turn is recomputed from
+-- scratch (the channel was just served or found to have nothing due).
+CREATE FUNCTION fairq.channel_store(p_channel fairq.channel, p_now timestamptz, p_keep_turn boolean)
+RETURNS fairq.channel
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_turn_at timestamptz := fairq.next_turn(
+        CASE WHEN p_keep_turn THEN p_channel.turn_at END, p_channel.due_at,
+        p_channel.last_release_at, p_channel.release_interval_ms,
+        p_channel.in_flight, p_channel.max_concurrency, p_now);
+BEGIN
+    IF v_turn_at IS NULL THEN
+        p_channel.turn_seq := NULL;
+    ELSIF NOT p_keep_turn OR v_turn_at IS DISTINCT FROM p_channel.turn_at THEN
+        p_channel.turn_seq := nextval('fairq.turn_seq');
+    END IF;
+    p_channel.turn_at := v_turn_at;
+    UPDATE fairq.channel
+       SET in_flight = p_channel.in_flight,
+           last_release_at = p_channel.last_release_at,
+           due_at = p_channel.due_at,
+           turn_at = p_channel.turn_at,
+           turn_seq = p_channel.turn_seq
+     WHERE id = p_channel.id;
+    RETURN p_channel;
+END
+$$;
+
+-- When the channel's earliest pending message becomes due, from the index heads.
+CREATE FUNCTION fairq.pending_due_at(p_channel_id bigint) RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$
+    SELECT COALESCE(
+        (SELECT m.dequeue_at FROM fairq.message m
+          WHERE m.channel_id = p_channel_id AND m.status = 'ready'
+          ORDER BY m.priority DESC, m.dequeue_at, m.id LIMIT 1),
+        (SELECT m.dequeue_at FROM fairq.message m
+          WHERE m.channel_id = p_channel_id AND m.status = 'scheduled'
+          ORDER BY m.dequeue_at, m.id LIMIT 1))
+$$;
+
+-- True when no other transaction holds a lock on the channel row, i.e. no producer
+-- is inserting into it right now. Takes FOR UPDATE, so producers that arrive later
+-- wait for this transaction and then see what it decided.
+CREATE FUNCTION fairq.channel_quiet(p_channel_id bigint) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM 1 FROM fairq.channel WHERE id = p_channel_id FOR UPDATE SKIP LOCKED;
+    RETURN FOUND;
+END
+$$;
+
+-- Removes a channel that has no policy and no messages, unless a producer is
+-- inserting into it. The caller holds the row and has checked due_at IS NULL.
+CREATE FUNCTION fairq.channel_collect(p_channel fairq.channel) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF NOT p_channel.has_policy AND p_channel.in_flight = 0 AND p_channel.due_at IS NULL
+       AND fairq.channel_quiet(p_channel.id) THEN
+        DELETE FROM fairq.channel WHERE id = p_channel.id;
+    END IF;
+END
+$$;
+
+-- The channel row for a producer, created with the default policy on first use and
+-- held FOR KEY SHARE (which also keeps it from being collected).
+CREATE FUNCTION fairq.channel_for_producer(p_name text) RETURNS fairq.channel
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_channel fairq.channel;
+BEGIN
+    LOOP
+        SELECT * INTO v_channel FROM fairq.channel WHERE name = p_name FOR KEY SHARE;
+        IF FOUND THEN
+            RETURN v_channel;
+        END IF;
+        INSERT INTO fairq.channel (name) VALUES (p_name) ON CONFLICT (name) DO NOTHING;
+    END LOOP;
+END
+$$;
+
+-- The channel row, locked for a change. Callers already hold the message they act
+-- on (lock order: message, then channel).
+CREATE FUNCTION fairq.channel_lock(p_channel_id bigint) RETURNS fairq.channel
+LANGUAGE sql
+AS $$ SELECT * FROM fairq.channel WHERE id = p_channel_id FOR NO KEY UPDATE $$;
+
+-- A message became pending on the channel at p_due_at (create, defer, retry): make
+-- sure the channel has a turn no later than the message needs.
+CREATE FUNCTION fairq.channel_wake(p_channel_id bigint, p_due_at timestamptz, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_channel fairq.channel;
+BEGIN
+    v_channel := fairq.channel_lock(p_channel_id);
+    v_channel.due_at := LEAST(v_channel.due_at, p_due_at);
+    PERFORM fairq.channel_store(v_channel, p_now, true);
+END
+$$;
+
+-- p_count messages of the locked channel left the 'locked' status (settled,
+-- deferred, recovered): free their concurrency slots. p_due_at is set when they are
+-- pending again.
+CREATE FUNCTION fairq.channel_unlock(p_channel fairq.channel, p_count integer,
+                                     p_due_at timestamptz, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    p_channel.in_flight := p_channel.in_flight - p_count;
+    p_channel.due_at := LEAST(p_channel.due_at, p_due_at);
+    p_channel := fairq.channel_store(p_channel, p_now, true);
+    PERFORM fairq.channel_collect(p_channel);
+END
+$$;
+
+-- Keeps channel_size right for a bounded channel: p_delta messages more or fewer.
+-- With p_enforce, admits only what fits under max_size and returns how many of
+-- p_delta (> 0) were admitted; without it (removals, operator retries) the count
+-- just moves. The caller holds the channel row (lock order: channel, then size).
+CREATE FUNCTION fairq.channel_resize(p_channel fairq.channel, p_delta integer, p_enforce boolean)
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_size integer;
+    v_admitted integer := p_delta;
+BEGIN
+    IF p_channel.max_size IS NULL THEN
+        RETURN p_delta;
+    END IF;
+    IF p_enforce THEN
+        SELECT size INTO v_size FROM fairq.channel_size WHERE channel_id = p_channel.id FOR UPDATE;
+        v_admitted := LEAST(p_delta, GREATEST(0, p_channel.max_size - v_size));
+    END IF;
+    IF v_admitted <> 0 THEN
+        UPDATE fairq.channel_size SET size = size + v_admitted WHERE channel_id = p_channel.id;
+    END IF;
+    RETURN v_admitted;
+END
+$$;
+
+CREATE FUNCTION fairq.channel_set(
+    p_channel text,
+    p_max_concurrency integer DEFAULT NULL,
+    p_release_interval_ms bigint DEFAULT 0,
+    p_max_size integer DEFAULT NULL,
+    p_max_attempts integer DEFAULT NULL
+) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    PERFORM fairq.require_limit(p_max_concurrency, 'p_max_concurrency');
+    PERFORM fairq.require_at_least(p_release_interval_ms, 0, 'p_release_interval_ms');
+    PERFORM fairq.require_limit(p_max_size, 'p_max_size');
+    PERFORM fairq.require_limit(p_max_attempts, 'p_max_attempts');
+
+    INSERT INTO fairq.channel (name) VALUES (p_channel) ON CONFLICT (name) DO NOTHING;
+    -- FOR UPDATE waits out producers mid-insert, so the size count below is exact.
+    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel FOR UPDATE;
+
+    UPDATE fairq.channel
+       SET has_policy = true, max_concurrency = p_max_concurrency,
+           release_interval_ms = p_release_interval_ms, max_size = p_max_size,
+           max_attempts = p_max_attempts
+     WHERE id = v_channel.id
+    RETURNING * INTO v_channel;
+
+    IF p_max_size IS NULL THEN
+        DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
+    ELSE
+        INSERT INTO fairq.channel_size (channel_id, size)
+        SELECT v_channel.id, count(*) FROM fairq.message WHERE channel_id = v_channel.id
+        ON CONFLICT (channel_id) DO NOTHING;
+    END IF;
+    PERFORM fairq.channel_store(v_channel, v_now, true);
+END
+$$;
+
+CREATE FUNCTION fairq.channel_clear(p_channel text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel AND has_policy FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
+    UPDATE fairq.channel
+       SET has_policy = false, max_concurrency = NULL, release_interval_ms = 0,
+           max_size = NULL, max_attempts = NULL
+     WHERE id = v_channel.id
+    RETURNING * INTO v_channel;
+    v_channel := fairq.channel_store(v_channel, v_now, true);
+    PERFORM fairq.channel_collect(v_channel);
+    RETURN true;
+END
+$$;
+
+-- ==== sql/create.sql ====
+
+-- create.sql — putting messages on channels.
+--
+-- Invariants:
+--   * a producer holds its channel row only FOR KEY SHARE, and takes the row for an
+--     update only when its message must bring the channel's turn forward (the
+--     channel had nothing due before it); on a backlogged channel, producers and
+--     workers never wait for one another;
+--   * a dequeue never makes a channel less eligible while a producer holds that
+--     share lock (see channels.sql), so a message committed later is never stranded;
+--   * a bounded channel admits a message only while its count is below max_size;
+--   * at most one message per (channel, dedup_key) exists at a time;
+--   * channels are visited in name order, so concurrent batches cannot deadlock.
+-- message_create is message_create_batch of one element: one code path.
+
+CREATE FUNCTION fairq.message_create_batch(
+    p_channels text[],
+    p_contents bytea[],
+    p_dequeue_ats timestamptz[] DEFAULT NULL,
+    p_priorities integer[] DEFAULT NULL,
+    p_dedup_keys text[] DEFAULT NULL
+) RETURNS TABLE(ord integer, id bigint, status text)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_count integer := cardinality(fairq.require(p_channels, 'p_channels'));
+    v_ids bigint[];
+    v_statuses text[];
+    v_row record;
+    v_channel fairq.channel;
+    v_id bigint;
+    v_wake_at timestamptz;
+    v_first_id bigint;
+    v_bad integer;
+BEGIN
+    PERFORM fairq.require(p_contents, 'p_contents');
+    IF array_ndims(p_channels) > 1 OR cardinality(p_contents) <> v_count
+       OR cardinality(p_dequeue_ats) <> v_count OR cardinality(p_priorities) <> v_count
+       OR cardinality(p_dedup_keys) <> v_count THEN
+        RAISE EXCEPTION 'p_contents, p_dequeue_ats, p_priorities and p_dedup_keys must be NULL or one-dimensional arrays as long as p_channels (%)', v_count
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT min(u.i) INTO v_bad
+      FROM unnest(p_channels) WITH ORDINALITY AS u(channel, i)
+     WHERE u.channel IS NULL OR u.channel = '' OR octet_length(u.channel) > 255;
+    IF v_bad IS NOT NULL THEN
+        PERFORM fairq.require_channel_name(p_channels[v_bad], format('p_channels[%s]', v_bad));
+    END IF;
+    SELECT min(u.i) INTO v_bad FROM unnest(p_contents) WITH ORDINALITY AS u(content, i)
+     WHERE u.content IS NULL;
+    IF v_bad IS NOT NULL THEN
+        PERFORM fairq.require(p_contents[v_bad], format('p_contents[%s]', v_bad));
+    END IF;
+
+    v_ids := array_fill(NULL::bigint, ARRAY[v_count]);
+    v_statuses := array_fill(NULL::text, ARRAY[v_count]);
+    FOR v_row IN
+        SELECT u.i, u.channel, u.content, coalesce(u.dequeue_at, v_now) AS dequeue_at,
+               coalesce(u.priority, 0) AS priority, u.dedup_key,
+               min(coalesce(u.dequeue_at, v_now)) OVER (PARTITION BY u.channel) AS channel_due_at,
+               u.channel IS DISTINCT FROM lead(u.channel) OVER (ORDER BY u.channel, u.i) AS last_of_channel
+          FROM unnest(p_channels, p_contents, p_dequeue_ats, p_priorities, p_dedup_keys)
+               WITH ORDINALITY AS u(channel, content, dequeue_at, priority, dedup_key, i)
+         ORDER BY u.channel, u.i
+    LOOP
+        IF v_channel.name IS DISTINCT FROM v_row.channel THEN
+            v_channel := fairq.channel_for_producer(v_row.channel);
+            v_wake_at := NULL;
+            v_first_id := NULL;
+            -- Only messages due before everything the channel already holds need its
+            -- turn moved; otherwise the share lock suffices. Moving it first keeps the
+            -- lock order (channel, then size) and is harmless if nothing is created:
+            -- a dequeue that finds nothing recomputes the channel.
+            IF v_channel.due_at IS NULL
+               OR (v_row.channel_due_at < v_channel.due_at AND v_channel.due_at > v_now) THEN
+                PERFORM fairq.channel_wake(v_channel.id, v_row.channel_due_at, v_now);
+            END IF;
+        END IF;
+
+        <<place>>
+        LOOP
+            IF v_row.dedup_key IS NOT NULL THEN
+                SELECT m.id INTO v_id FROM fairq.message m
+                 WHERE m.channel_id = v_channel.id AND m.dedup_key = v_row.dedup_key;
+                IF FOUND THEN
+                    v_ids[v_row.i] := v_id;
+                    v_statuses[v_row.i] := 'duplicate';
+                    EXIT place;
+                END IF;
+            END IF;
+            IF fairq.channel_resize(v_channel, 1, true) = 0 THEN
+                v_statuses[v_row.i] := 'dropped';
+                EXIT place;
+            END IF;
+            INSERT INTO fairq.message
+                (channel_id, status, priority, dequeue_at, created_at, dedup_key, content)
+            VALUES (v_channel.id,
+                    CASE WHEN v_row.dequeue_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status,
+                    v_row.priority, v_row.dequeue_at, v_now, v_row.dedup_key, v_row.content)
+            ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+            RETURNING fairq.message.id INTO v_id;
+            IF FOUND THEN
+                v_ids[v_row.i] := v_id;
+                v_statuses[v_row.i] := 'created';
+                v_wake_at := LEAST(v_wake_at, v_row.dequeue_at);
+                v_first_id := coalesce(v_first_id, v_id);
+                EXIT place;
+            END IF;
+            -- A concurrent producer committed the same dedup key meanwhile: undo the
+            -- count and report that message as the duplicate.
+            PERFORM fairq.channel_resize(v_channel, -1, false);
+        END LOOP;
+
+        IF v_row.last_of_channel AND v_first_id IS NOT NULL THEN
+            PERFORM fairq.notify_event('created', v_channel.name, v_first_id, v_wake_at);
+        END IF;
+    END LOOP;
+
+    RETURN QUERY SELECT g.i::integer, v_ids[g.i], v_statuses[g.i] FROM generate_series(1, v_count) AS g(i);
+END
+$$;
+
+CREATE FUNCTION fairq.message_create(
+    p_channel text,
+    p_content bytea,
+    p_dequeue_at timestamptz DEFAULT NULL,
+    p_priority integer DEFAULT 0,
+    p_dedup_key text DEFAULT NULL
+) RETURNS TABLE(id bigint, status text)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    PERFORM fairq.require(p_content, 'p_content');
+    PERFORM fairq.require(p_priority, 'p_priority');
+    RETURN QUERY
+        SELECT b.id, b.status
+          FROM fairq.message_create_batch(ARRAY[p_channel], ARRAY[p_content], ARRAY[p_dequeue_at],
+                                          ARRAY[p_priority], ARRAY[p_dedup_key]) AS b;
+END
+$$;
+
+-- ==== sql/dequeue.sql ====
+
+-- dequeue.sql — handing out messages: the whole scheduling algorithm.
+--
+-- One delivery, in order:
+--   1. Recover expired locks (oldest first, a few per call): each message goes back
+--      to 'ready' in its channel, frees its concurrency slot and waits for the
+--      channel's next turn like any other message — a crash never lets one tenant's
+--      recovered work jump the round-robin. (Past max_attempts it is buried.)
+--   2. Take the eligible channel whose turn is earliest: one index lookup on
+--      channel_turn_ix ((turn_at, turn_seq) WHERE turn_at IS NOT NULL). Channels at
+--      max_concurrency, rate-limited channels and channels with nothing due have no
+--      turn or a future one, so they cost nothing here. SKIP LOCKED spreads
+--      concurrent dequeues over channels; if every eligible channel is busy with
+--      another dequeue, a call that holds no other lock waits for one instead of
+--      answering "empty" while work is waiting.
+--   3. In that channel, promote scheduled messages that have come due to 'ready'
+--      (so priority orders everything due, and a future message waits however
+--      urgent), then lock the best ready message: one index lookup on
+--      message_ready_ix (priority DESC, dequeue_at, id).
+--   4. Give the channel its next turn: at the back of the rotation (now, next
+--      turn_seq), no earlier than now + release_interval_ms, no earlier than its
+--      next message is due, and none while it is full.
+-- A call with p_max_messages = n repeats 2-4 n times under one clock reading, which
+-- is exactly n single dequeues in a row: turn_seq keeps the turns strict even though
+-- every release in the call happens "at the same time".
+-- A dequeue should run in its own transaction: it locks the channels it serves
+-- until commit.
+
+-- Step 1. Returns how many expired locks it settled.
+CREATE FUNCTION fairq.recover_expired(p_now timestamptz, p_limit integer) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_message fairq.message;
+    v_channel fairq.channel;
+    v_count integer := 0;
+BEGIN
+    FOR v_message IN
+        SELECT * FROM fairq.message
+         WHERE status = 'locked' AND locked_until <= p_now
+         ORDER BY locked_until
+         LIMIT p_limit
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        SELECT * INTO v_channel FROM fairq.channel
+         WHERE id = v_message.channel_id FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND; -- its channel is busy; a later dequeue recovers it
+        IF v_channel.max_attempts IS NOT NULL AND v_message.num_attempts >= v_channel.max_attempts THEN
+            DELETE FROM fairq.message WHERE id = v_message.id;
+            PERFORM fairq.bury(v_message, v_channel,
+                               format('lock expired on delivery %s of max_attempts %s',
+                                      v_message.num_attempts, v_channel.max_attempts), p_now);
+            PERFORM fairq.channel_unlock(v_channel, 1, NULL, p_now);
+        ELSE
+            UPDATE fairq.message SET status = 'ready', locked_until = NULL, recovered = true
+             WHERE id = v_message.id;
+            PERFORM fairq.channel_unlock(v_channel, 1, v_message.dequeue_at, p_now);
+        END IF;
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
+
+-- Steps 3 and 4 on a channel the caller has locked. Returns the locked message, or
+-- a NULL row when the channel had nothing to hand out.
+CREATE FUNCTION fairq.channel_take(p_channel fairq.channel, p_now timestamptz, p_lock interval)
+RETURNS fairq.message
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_message fairq.message;
+BEGIN
+    -- SKIP LOCKED: a scheduled message being cancelled right now just stays put.
+    UPDATE fairq.message SET status = 'ready'
+     WHERE id IN (SELECT s.id FROM fairq.message s
+                   WHERE s.channel_id = p_channel.id AND s.status = 'scheduled'
+                     AND s.dequeue_at <= p_now
+                     FOR UPDATE SKIP LOCKED);
+    LOOP
+        SELECT * INTO v_message FROM fairq.message m
+         WHERE m.channel_id = p_channel.id AND m.status = 'ready'
+         ORDER BY m.priority DESC, m.dequeue_at, m.id
+         LIMIT 1
+           FOR UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        IF p_channel.max_attempts IS NULL OR v_message.num_attempts < p_channel.max_attempts THEN
+            UPDATE fairq.message
+               SET status = 'locked', locked_until = p_now + p_lock,
+                   num_attempts = num_attempts + 1,
+                   first_dequeued_at = coalesce(first_dequeued_at, p_now)
+             WHERE id = v_message.id
+            RETURNING * INTO v_message;
+            p_channel.in_flight := p_channel.in_flight + 1;
+            p_channel.last_release_at := p_now;
+            EXIT;
+        END IF;
+        -- Delivering it again would exceed max_attempts (e.g. a deferred message on
+        -- its last attempt, or a lowered limit): it dies instead.
+        DELETE FROM fairq.message WHERE id = v_message.id;
+        PERFORM fairq.bury(v_message, p_channel,
+                           format('max_attempts %s reached after %s deliveries',
+                                  p_channel.max_attempts, v_message.num_attempts), p_now);
+        v_message := NULL;
+    END LOOP;
+
+    p_channel.due_at := fairq.pending_due_at(p_channel.id);
+    IF (p_channel.due_at IS NULL OR p_channel.due_at > p_now)
+       AND NOT fairq.channel_quiet(p_channel.id) THEN
+        -- A producer is inserting into this channel right now and decided, seeing the
+        -- channel due, not to move its turn. Keep it due; a later turn finds the message.
+        p_channel.due_at := p_now;
+    END IF;
+    p_channel := fairq.channel_store(p_channel, p_now, false);
+    IF v_message.id IS NULL THEN
+        PERFORM fairq.channel_collect(p_channel);
+    END IF;
+    RETURN v_message;
+END
+$$;
+
+CREATE FUNCTION fairq.message_dequeue(p_lock_ms bigint, p_max_messages integer DEFAULT 1)
+RETURNS TABLE(id bigint, channel text, content bytea, state bytea, num_attempts bigint,
+              priority integer, dequeue_at timestamptz, recovered boolean)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_lock interval := fairq.ms(fairq.require_at_least(p_lock_ms, 1, 'p_lock_ms'));
+    v_channel fairq.channel;
+    v_message fairq.message;
+    v_visited bigint[] := '{}';
+    v_served integer := 0;
+    v_holds_locks boolean;
+BEGIN
+    PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
+    v_holds_locks := fairq.recover_expired(v_now, p_max_messages) > 0;
+
+    WHILE v_served < p_max_messages LOOP
+        SELECT * INTO v_channel FROM fairq.channel c
+         WHERE c.turn_at <= v_now AND c.id <> ALL (v_visited)
+         ORDER BY c.turn_at, c.turn_seq
+         LIMIT 1
+           FOR NO KEY UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            EXIT WHEN v_holds_locks;
+            SELECT * INTO v_channel FROM fairq.channel c
+             WHERE c.turn_at <= v_now
+             ORDER BY c.turn_at, c.turn_seq
+             LIMIT 1
+               FOR NO KEY UPDATE;
+            EXIT WHEN NOT FOUND;
+        END IF;
+        v_holds_locks := true;
+
+        v_message := fairq.channel_take(v_channel, v_now, v_lock);
+        IF v_message.id IS NULL THEN
+            v_visited := v_visited || v_channel.id;
+            CONTINUE;
+        END IF;
+        v_served := v_served + 1;
+        id := v_message.id;
+        channel := v_channel.name;
+        content := v_message.content;
+        state := v_message.state;
+        num_attempts := v_message.num_attempts;
+        priority := v_message.priority;
+        dequeue_at := v_message.dequeue_at;
+        recovered := v_message.recovered;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- ==== sql/settle.sql ====
+
+-- settle.sql — what a worker (or an operator) does with a message it was handed.
+--
+-- Invariants:
+--   * num_attempts is the fencing token: a call acts only on a message that is
+--     still 'locked' with the caller's num_attempts; otherwise it answers 'stale'
+--     (or 'not_found') and changes nothing, and takes no lock;
+--   * a lock that has expired but was not yet recovered still belongs to its
+--     holder: nobody else has been handed the message;
+--   * leaving 'locked' frees exactly one concurrency slot, under the channel lock;
+--   * lock order: the message (the fenced UPDATE/DELETE), then its channel, then its
+--     channel_size row. Batches lock all their messages first, in id order.
+
+-- 'stale' when the message exists (in another state or attempt), else 'not_found'.
+CREATE FUNCTION fairq.miss(p_id bigint, p_if_exists text) RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM fairq.message WHERE id = p_id)
+                THEN p_if_exists ELSE 'not_found' END
+$$;
+
+CREATE FUNCTION fairq.message_complete_batch(p_ids bigint[], p_num_attempts bigint[])
+RETURNS TABLE(id bigint, status text)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_input record;
+    v_message fairq.message;
+    v_done fairq.message[] := '{}';
+    v_channel fairq.channel;
+    v_group record;
+BEGIN
+    PERFORM fairq.require(p_ids, 'p_ids');
+    PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
+    IF array_ndims(p_ids) > 1 OR cardinality(p_num_attempts) <> cardinality(p_ids) THEN
+        RAISE EXCEPTION 'p_num_attempts must be a one-dimensional array as long as p_ids (%), got %',
+            cardinality(p_ids), cardinality(p_num_attempts) USING ERRCODE = '22023';
+    END IF;
+    IF array_position(p_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'p_ids[%] must not be NULL', array_position(p_ids, NULL) USING ERRCODE = '22004';
+    END IF;
+    IF array_position(p_num_attempts, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'p_num_attempts[%] must not be NULL', array_position(p_num_attempts, NULL)
+            USING ERRCODE = '22004';
+    END IF;
+
+    PERFORM 1 FROM fairq.message m WHERE m.id = ANY (p_ids) ORDER BY m.id FOR UPDATE;
+    FOR v_input IN
+        SELECT u.id, u.num_attempts FROM unnest(p_ids, p_num_attempts) WITH ORDINALITY AS u(id, num_attempts, i)
+         ORDER BY u.i
+    LOOP
+        DELETE FROM fairq.message m
+         WHERE m.id = v_input.id AND m.status = 'locked' AND m.num_attempts = v_input.num_attempts
+        RETURNING * INTO v_message;
+        IF FOUND THEN
+            v_done := v_done || v_message;
+            id := v_input.id;
+            status := 'completed';
+        ELSE
+            id := v_input.id;
+            status := fairq.miss(v_input.id, 'stale');
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+
+    FOR v_group IN
+        SELECT d.channel_id, count(*)::integer AS n, max(d.id) AS last_id
+          FROM unnest(v_done) AS d GROUP BY d.channel_id ORDER BY d.channel_id
+    LOOP
+        v_channel := fairq.channel_lock(v_group.channel_id);
+        PERFORM fairq.record_history(d, v_channel.name, 'completed', v_now)
+           FROM unnest(v_done) AS d WHERE d.channel_id = v_group.channel_id;
+        PERFORM fairq.channel_resize(v_channel, -v_group.n, false);
+        PERFORM fairq.channel_unlock(v_channel, v_group.n, NULL, v_now);
+        PERFORM fairq.notify_event('completed', v_channel.name, v_group.last_id, NULL);
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION fairq.message_complete(p_id bigint, p_num_attempts bigint) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM fairq.require(p_id, 'p_id');
+    PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
+    RETURN (SELECT b.status FROM fairq.message_complete_batch(ARRAY[p_id], ARRAY[p_num_attempts]) AS b);
+END
+$$;
+
+CREATE FUNCTION fairq.message_defer(p_id bigint, p_num_attempts bigint,
+                                    p_dequeue_at timestamptz DEFAULT NULL, p_state bytea DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_dequeue_at timestamptz := coalesce(p_dequeue_at, v_now);
+    v_message fairq.message;
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require(p_id, 'p_id');
+    PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
+    UPDATE fairq.message
+       SET status = CASE WHEN v_dequeue_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status,
+           dequeue_at = v_dequeue_at, locked_until = NULL, recovered = false,
+           state = coalesce(p_state, state)
+     WHERE id = p_id AND status = 'locked' AND num_attempts = p_num_attempts
+    RETURNING * INTO v_message;
+    IF NOT FOUND THEN
+        RETURN fairq.miss(p_id, 'stale');
+    END IF;
+    v_channel := fairq.channel_lock(v_message.channel_id);
+    PERFORM fairq.channel_unlock(v_channel, 1, v_dequeue_at, v_now);
+    PERFORM fairq.notify_event('deferred', v_channel.name, p_id, v_dequeue_at);
+    RETURN 'deferred';
+END
+$$;
+
+CREATE FUNCTION fairq.message_heartbeat(p_id bigint, p_num_attempts bigint, p_lock_ms bigint)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+BEGIN
+    PERFORM fairq.require(p_id, 'p_id');
+    PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
+    PERFORM fairq.require_at_least(p_lock_ms, 1, 'p_lock_ms');
+    UPDATE fairq.message
+       SET locked_until = GREATEST(locked_until, v_now + fairq.ms(p_lock_ms))
+     WHERE id = p_id AND status = 'locked' AND num_attempts = p_num_attempts;
+    IF NOT FOUND THEN
+        RETURN fairq.miss(p_id, 'stale');
+    END IF;
+    RETURN 'heartbeated';
+END
+$$;
+
+CREATE FUNCTION fairq.message_fail(p_id bigint, p_num_attempts bigint, p_error text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_message fairq.message;
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require(p_id, 'p_id');
+    PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
+    DELETE FROM fairq.message
+     WHERE id = p_id AND status = 'locked' AND num_attempts = p_num_attempts
+    RETURNING * INTO v_message;
+    IF NOT FOUND THEN
+        RETURN fairq.miss(p_id, 'stale');
+    END IF;
+    v_channel := fairq.channel_lock(v_message.channel_id);
+    PERFORM fairq.bury(v_message, v_channel, p_error, v_now);
+    PERFORM fairq.channel_unlock(v_channel, 1, NULL, v_now);
+    RETURN 'dead';
+END
+$$;
+
+CREATE FUNCTION fairq.message_cancel(p_id bigint) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_message fairq.message;
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require(p_id, 'p_id');
+    DELETE FROM fairq.message WHERE id = p_id AND status <> 'locked'
+    RETURNING * INTO v_message;
+    IF NOT FOUND THEN
+        RETURN fairq.miss(p_id, 'locked');
+    END IF;
+    v_channel := fairq.channel_lock(v_message.channel_id);
+    PERFORM fairq.record_history(v_message, v_channel.name, 'cancelled', v_now);
+    PERFORM fairq.channel_resize(v_channel, -1, false);
+    -- The channel's due_at may now be early (harmless: a dequeue recomputes it). If
+    -- the channel is now empty, say so at once so that it can be collected.
+    IF v_channel.in_flight = 0 AND fairq.pending_due_at(v_channel.id) IS NULL
+       AND fairq.channel_quiet(v_channel.id) THEN
+        v_channel.due_at := NULL;
+        v_channel := fairq.channel_store(v_channel, v_now, false);
+        PERFORM fairq.channel_collect(v_channel);
+    END IF;
+    RETURN 'cancelled';
+END
+$$;
+
+CREATE FUNCTION fairq.dead_letter_retry(p_id bigint) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_dead fairq.dead_letter;
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require(p_id, 'p_id');
+    DELETE FROM fairq.dead_letter WHERE id = p_id RETURNING * INTO v_dead;
+    IF NOT FOUND THEN
+        RETURN 'not_found';
+    END IF;
+    -- An operator's retry is not subject to max_size, and carries no dedup key.
+    v_channel := fairq.channel_for_producer(v_dead.channel);
+    PERFORM fairq.channel_wake(v_channel.id, v_now, v_now);
+    PERFORM fairq.channel_resize(v_channel, 1, false);
+    INSERT INTO fairq.message (id, channel_id, status, priority, dequeue_at, created_at, content, state)
+    VALUES (v_dead.id, v_channel.id, 'ready', v_dead.priority, v_now, v_dead.created_at,
+            v_dead.content, v_dead.state);
+    PERFORM fairq.notify_event('created', v_channel.name, v_dead.id, v_now);
+    RETURN 'requeued';
+END
+$$;
+
+-- ==== sql/observe.sql ====
+
+-- observe.sql — what operators read from psql.
+--
+-- Invariants:
+--   * views read the tables as the extension's owner, so an observer needs SELECT on
+--     the view only, never on the tables;
+--   * fairq.check() reads everything in one snapshot and returns one row per broken
+--     invariant: no rows means the counters, heads and turns are consistent.
+
+CREATE VIEW fairq.channels AS
+SELECT c.name AS channel,
+       c.max_concurrency,
+       c.release_interval_ms,
+       c.max_size,
+       c.max_attempts,
+       n.ready + n.scheduled + c.in_flight AS size,
+       n.ready,
+       n.scheduled,
+       c.in_flight,
+       c.turn_at AS next_dequeue_at
+  FROM fairq.channel c
+ CROSS JOIN (SELECT clock_timestamp() + shift AS now FROM fairq.clock_offset) k
+ CROSS JOIN LATERAL (
+       SELECT (SELECT count(*) FROM fairq.message m
+                WHERE m.channel_id = c.id AND m.status = 'ready')
+            + (SELECT count(*) FROM fairq.message m
+                WHERE m.channel_id = c.id AND m.status = 'scheduled' AND m.dequeue_at <= k.now) AS ready,
+              (SELECT count(*) FROM fairq.message m
+                WHERE m.channel_id = c.id AND m.status = 'scheduled' AND m.dequeue_at > k.now) AS scheduled
+       ) n;
+
+CREATE VIEW fairq.dead_letters AS
+SELECT id, channel, content, state, num_attempts, error, created_at, died_at
+  FROM fairq.dead_letter;
+
+CREATE FUNCTION fairq.history_prune(p_before timestamptz) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_deleted bigint;
+BEGIN
+    PERFORM fairq.require(p_before, 'p_before');
+    DELETE FROM fairq.message_history WHERE settled_at < p_before;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
+END
+$$;
+
+CREATE FUNCTION fairq.check() RETURNS TABLE(channel text, problem text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH truth AS (
+        SELECT c.*,
+               (SELECT count(*) FROM fairq.message m
+                 WHERE m.channel_id = c.id AND m.status = 'locked') AS locked,
+               (SELECT count(*) FROM fairq.message m WHERE m.channel_id = c.id) AS messages,
+               (SELECT min(m.dequeue_at) FROM fairq.message m
+                 WHERE m.channel_id = c.id AND m.status IN ('ready', 'scheduled')) AS earliest_due,
+               (SELECT s.size FROM fairq.channel_size s WHERE s.channel_id = c.id) AS counted_size,
+               (SELECT clock_timestamp() + shift FROM fairq.clock_offset) AS now
+          FROM fairq.channel c
+    )
+    SELECT t.name, p.problem
+      FROM truth t
+     CROSS JOIN LATERAL (VALUES
+        (CASE WHEN t.in_flight <> t.locked
+              THEN format('in_flight is %s but %s messages are locked', t.in_flight, t.locked) END),
+        (CASE WHEN t.due_at IS NULL AND t.earliest_due IS NOT NULL
+              THEN 'pending messages but no due_at: they would never be delivered' END),
+        (CASE WHEN t.due_at > GREATEST(t.earliest_due, t.now)
+              THEN format('due_at %s is later than the earliest pending message (%s)', t.due_at, t.earliest_due) END),
+        (CASE WHEN (t.turn_at IS NULL)
+                   <> (t.due_at IS NULL OR coalesce(t.in_flight >= t.max_concurrency, false))
+              THEN format('turn_at %s does not match due_at %s, in_flight %s and max_concurrency %s',
+                          t.turn_at, t.due_at, t.in_flight, t.max_concurrency) END),
+        (CASE WHEN t.turn_at < t.last_release_at + fairq.ms(t.release_interval_ms)
+              THEN 'next turn comes before the release interval has passed' END),
+        (CASE WHEN t.max_size IS NOT NULL AND t.counted_size IS DISTINCT FROM t.messages
+              THEN format('channel_size says %s but the channel holds %s messages', t.counted_size, t.messages) END),
+        (CASE WHEN t.max_size IS NULL AND t.counted_size IS NOT NULL
+              THEN 'channel_size row for a channel without max_size' END)
+     ) AS p(problem)
+     WHERE p.problem IS NOT NULL
+    UNION ALL
+    SELECT NULL, format('%s messages belong to no channel', count(*))
+      FROM fairq.message m
+     WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = m.channel_id)
+    HAVING count(*) > 0
+$$;
+
+-- ==== sql/privileges.sql ====
+
+-- privileges.sql — who may call what.
+--
+-- Invariants:
+--   * nothing in schema fairq is granted to PUBLIC;
+--   * the public functions are SECURITY DEFINER with a pinned search_path, so
+--     callers need EXECUTE on them and USAGE on the schema, never table privileges;
+--   * a producer can create and cancel messages but neither dequeue nor read
+--     contents; a worker can dequeue and settle; an observer can read the views and
+--     the history. Policy, retries and pruning stay with the owner (grant them
+--     explicitly to an operator role if needed).
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fairq FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA fairq FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA fairq FROM PUBLIC;
+REVOKE ALL ON TYPE fairq.message_status FROM PUBLIC;
+REVOKE ALL ON SCHEMA fairq FROM PUBLIC;
+
+-- Grants p_privileges on each of p_objects to the role (identifiers quoted by
+-- format's %I, object signatures are fixed strings of this file).
+CREATE FUNCTION fairq.grant_to(p_role regrole, p_privileges text, p_objects text[]) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_role name := (SELECT rolname FROM pg_roles WHERE oid = fairq.require(p_role, 'p_role'));
+    v_object text;
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA fairq TO %I', v_role);
+    FOREACH v_object IN ARRAY p_objects LOOP
+        EXECUTE format('GRANT %s ON %s TO %I', p_privileges, v_object, v_role);
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION fairq.grant_producer(p_role regrole) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT fairq.grant_to(p_role, 'EXECUTE', ARRAY[
+        'FUNCTION fairq.message_create(text, bytea, timestamptz, integer, text)',
+        'FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], integer[], text[])',
+        'FUNCTION fairq.message_cancel(bigint)'])
+$$;
+
+CREATE FUNCTION fairq.grant_worker(p_role regrole) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT fairq.grant_to(p_role, 'EXECUTE', ARRAY[
+        'FUNCTION fairq.message_dequeue(bigint, integer)',
+        'FUNCTION fairq.message_complete(bigint, bigint)',
+        'FUNCTION fairq.message_complete_batch(bigint[], bigint[])',
+        'FUNCTION fairq.message_defer(bigint, bigint, timestamptz, bytea)',
+        'FUNCTION fairq.message_heartbeat(bigint, bigint, bigint)',
+        'FUNCTION fairq.message_fail(bigint, bigint, text)'])
+$$;
+
+CREATE FUNCTION fairq.grant_observer(p_role regrole) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT fairq.grant_to(p_role, 'SELECT', ARRAY[
+        'fairq.channels', 'fairq.dead_letters', 'fairq.message_history'])
+$$;
+
+-- The functions above were created after the blanket REVOKE.
+REVOKE ALL ON FUNCTION fairq.grant_to(regrole, text, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fairq.grant_producer(regrole) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fairq.grant_worker(regrole) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fairq.grant_observer(regrole) FROM PUBLIC;

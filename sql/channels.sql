@@ -1,0 +1,248 @@
+-- channels.sql — channel policy, turns and lifecycle.
+--
+-- Invariants:
+--   * lock order, everywhere: a message row, then its channel row, then its
+--     channel_size row. The dequeue only ever waits for a channel row, and only
+--     when it holds no other lock, so fairq calls cannot deadlock one another;
+--   * producers hold FOR KEY SHARE on their channel row, which dequeues and
+--     settlements (FOR NO KEY UPDATE) do not conflict with: an open producer
+--     transaction never hides or blocks its channel. Only a change that would make
+--     a channel *less* eligible (going idle, removal) needs to know that no producer
+--     is mid-insert, and it learns that with FOR UPDATE SKIP LOCKED, never by waiting;
+--   * a channel joins the round-robin at the back (its turn is "now"), a served
+--     channel goes to the back, and a rate-limited channel's turn is never earlier
+--     than its last release plus release_interval_ms.
+
+-- When a channel's next turn comes. With p_turn_at set, an existing earlier turn is
+-- kept (a new message never delays a channel that already waits for its turn).
+CREATE FUNCTION fairq.next_turn(
+    p_turn_at timestamptz, p_due_at timestamptz, p_last_release_at timestamptz,
+    p_release_interval_ms bigint, p_in_flight integer, p_max_concurrency integer,
+    p_now timestamptz
+) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN p_due_at IS NULL THEN NULL
+        WHEN p_max_concurrency IS NOT NULL AND p_in_flight >= p_max_concurrency THEN NULL
+        ELSE LEAST(p_turn_at,
+                   GREATEST(p_due_at, p_now,
+                            p_last_release_at + fairq.ms(p_release_interval_ms)))
+    END
+$$;
+
+-- Writes back a channel row its caller has locked and changed. p_keep_turn keeps an
+-- earlier turn (create, defer, settle); without it the turn is recomputed from
+-- scratch (the channel was just served or found to have nothing due).
+CREATE FUNCTION fairq.channel_store(p_channel fairq.channel, p_now timestamptz, p_keep_turn boolean)
+RETURNS fairq.channel
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_turn_at timestamptz := fairq.next_turn(
+        CASE WHEN p_keep_turn THEN p_channel.turn_at END, p_channel.due_at,
+        p_channel.last_release_at, p_channel.release_interval_ms,
+        p_channel.in_flight, p_channel.max_concurrency, p_now);
+BEGIN
+    IF v_turn_at IS NULL THEN
+        p_channel.turn_seq := NULL;
+    ELSIF NOT p_keep_turn OR v_turn_at IS DISTINCT FROM p_channel.turn_at THEN
+        p_channel.turn_seq := nextval('fairq.turn_seq');
+    END IF;
+    p_channel.turn_at := v_turn_at;
+    UPDATE fairq.channel
+       SET in_flight = p_channel.in_flight,
+           last_release_at = p_channel.last_release_at,
+           due_at = p_channel.due_at,
+           turn_at = p_channel.turn_at,
+           turn_seq = p_channel.turn_seq
+     WHERE id = p_channel.id;
+    RETURN p_channel;
+END
+$$;
+
+-- When the channel's earliest pending message becomes due, from the index heads.
+CREATE FUNCTION fairq.pending_due_at(p_channel_id bigint) RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$
+    SELECT COALESCE(
+        (SELECT m.dequeue_at FROM fairq.message m
+          WHERE m.channel_id = p_channel_id AND m.status = 'ready'
+          ORDER BY m.priority DESC, m.dequeue_at, m.id LIMIT 1),
+        (SELECT m.dequeue_at FROM fairq.message m
+          WHERE m.channel_id = p_channel_id AND m.status = 'scheduled'
+          ORDER BY m.dequeue_at, m.id LIMIT 1))
+$$;
+
+-- True when no other transaction holds a lock on the channel row, i.e. no producer
+-- is inserting into it right now. Takes FOR UPDATE, so producers that arrive later
+-- wait for this transaction and then see what it decided.
+CREATE FUNCTION fairq.channel_quiet(p_channel_id bigint) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM 1 FROM fairq.channel WHERE id = p_channel_id FOR UPDATE SKIP LOCKED;
+    RETURN FOUND;
+END
+$$;
+
+-- Removes a channel that has no policy and no messages, unless a producer is
+-- inserting into it. The caller holds the row and has checked due_at IS NULL.
+CREATE FUNCTION fairq.channel_collect(p_channel fairq.channel) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF NOT p_channel.has_policy AND p_channel.in_flight = 0 AND p_channel.due_at IS NULL
+       AND fairq.channel_quiet(p_channel.id) THEN
+        DELETE FROM fairq.channel WHERE id = p_channel.id;
+    END IF;
+END
+$$;
+
+-- The channel row for a producer, created with the default policy on first use and
+-- held FOR KEY SHARE (which also keeps it from being collected).
+CREATE FUNCTION fairq.channel_for_producer(p_name text) RETURNS fairq.channel
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_channel fairq.channel;
+BEGIN
+    LOOP
+        SELECT * INTO v_channel FROM fairq.channel WHERE name = p_name FOR KEY SHARE;
+        IF FOUND THEN
+            RETURN v_channel;
+        END IF;
+        INSERT INTO fairq.channel (name) VALUES (p_name) ON CONFLICT (name) DO NOTHING;
+    END LOOP;
+END
+$$;
+
+-- The channel row, locked for a change. Callers already hold the message they act
+-- on (lock order: message, then channel).
+CREATE FUNCTION fairq.channel_lock(p_channel_id bigint) RETURNS fairq.channel
+LANGUAGE sql
+AS $$ SELECT * FROM fairq.channel WHERE id = p_channel_id FOR NO KEY UPDATE $$;
+
+-- A message became pending on the channel at p_due_at (create, defer, retry): make
+-- sure the channel has a turn no later than the message needs.
+CREATE FUNCTION fairq.channel_wake(p_channel_id bigint, p_due_at timestamptz, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_channel fairq.channel;
+BEGIN
+    v_channel := fairq.channel_lock(p_channel_id);
+    v_channel.due_at := LEAST(v_channel.due_at, p_due_at);
+    PERFORM fairq.channel_store(v_channel, p_now, true);
+END
+$$;
+
+-- p_count messages of the locked channel left the 'locked' status (settled,
+-- deferred, recovered): free their concurrency slots. p_due_at is set when they are
+-- pending again.
+CREATE FUNCTION fairq.channel_unlock(p_channel fairq.channel, p_count integer,
+                                     p_due_at timestamptz, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    p_channel.in_flight := p_channel.in_flight - p_count;
+    p_channel.due_at := LEAST(p_channel.due_at, p_due_at);
+    p_channel := fairq.channel_store(p_channel, p_now, true);
+    PERFORM fairq.channel_collect(p_channel);
+END
+$$;
+
+-- Keeps channel_size right for a bounded channel: p_delta messages more or fewer.
+-- With p_enforce, admits only what fits under max_size and returns how many of
+-- p_delta (> 0) were admitted; without it (removals, operator retries) the count
+-- just moves. The caller holds the channel row (lock order: channel, then size).
+CREATE FUNCTION fairq.channel_resize(p_channel fairq.channel, p_delta integer, p_enforce boolean)
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_size integer;
+    v_admitted integer := p_delta;
+BEGIN
+    IF p_channel.max_size IS NULL THEN
+        RETURN p_delta;
+    END IF;
+    IF p_enforce THEN
+        SELECT size INTO v_size FROM fairq.channel_size WHERE channel_id = p_channel.id FOR UPDATE;
+        v_admitted := LEAST(p_delta, GREATEST(0, p_channel.max_size - v_size));
+    END IF;
+    IF v_admitted <> 0 THEN
+        UPDATE fairq.channel_size SET size = size + v_admitted WHERE channel_id = p_channel.id;
+    END IF;
+    RETURN v_admitted;
+END
+$$;
+
+CREATE FUNCTION fairq.channel_set(
+    p_channel text,
+    p_max_concurrency integer DEFAULT NULL,
+    p_release_interval_ms bigint DEFAULT 0,
+    p_max_size integer DEFAULT NULL,
+    p_max_attempts integer DEFAULT NULL
+) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    PERFORM fairq.require_limit(p_max_concurrency, 'p_max_concurrency');
+    PERFORM fairq.require_at_least(p_release_interval_ms, 0, 'p_release_interval_ms');
+    PERFORM fairq.require_limit(p_max_size, 'p_max_size');
+    PERFORM fairq.require_limit(p_max_attempts, 'p_max_attempts');
+
+    INSERT INTO fairq.channel (name) VALUES (p_channel) ON CONFLICT (name) DO NOTHING;
+    -- FOR UPDATE waits out producers mid-insert, so the size count below is exact.
+    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel FOR UPDATE;
+
+    UPDATE fairq.channel
+       SET has_policy = true, max_concurrency = p_max_concurrency,
+           release_interval_ms = p_release_interval_ms, max_size = p_max_size,
+           max_attempts = p_max_attempts
+     WHERE id = v_channel.id
+    RETURNING * INTO v_channel;
+
+    IF p_max_size IS NULL THEN
+        DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
+    ELSE
+        INSERT INTO fairq.channel_size (channel_id, size)
+        SELECT v_channel.id, count(*) FROM fairq.message WHERE channel_id = v_channel.id
+        ON CONFLICT (channel_id) DO NOTHING;
+    END IF;
+    PERFORM fairq.channel_store(v_channel, v_now, true);
+END
+$$;
+
+CREATE FUNCTION fairq.channel_clear(p_channel text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel AND has_policy FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
+    UPDATE fairq.channel
+       SET has_policy = false, max_concurrency = NULL, release_interval_ms = 0,
+           max_size = NULL, max_attempts = NULL
+     WHERE id = v_channel.id
+    RETURNING * INTO v_channel;
+    v_channel := fairq.channel_store(v_channel, v_now, true);
+    PERFORM fairq.channel_collect(v_channel);
+    RETURN true;
+END
+$$;

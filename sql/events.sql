@@ -1,0 +1,53 @@
+-- events.sql — what fairq tells the outside world: NOTIFY events and history.
+--
+-- Invariants:
+--   * events are hints sent from inside the caller's transaction, so listeners hear
+--     of a message only once it is committed; payloads stay small (NOTIFY takes a
+--     global lock at commit) and `SET fairq.events = off` silences them;
+--   * with `fairq.history = on`, every message that leaves the queue (completed,
+--     dead, cancelled) leaves exactly one row in fairq.message_history;
+--   * a dead letter keeps everything needed to put the message back.
+
+CREATE FUNCTION fairq.notify_event(p_event text, p_channel text, p_id bigint, p_dequeue_at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF coalesce(current_setting('fairq.events', true), '') NOT IN ('off', 'false', '0') THEN
+        PERFORM pg_notify('fairq', json_build_object(
+            'event', p_event, 'channel', p_channel, 'id', p_id, 'dequeue_at', p_dequeue_at)::text);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION fairq.record_history(p_message fairq.message, p_channel text, p_outcome text,
+                                     p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1') THEN
+        INSERT INTO fairq.message_history
+            (id, channel, priority, created_at, first_dequeued_at, settled_at, num_attempts, outcome)
+        VALUES (p_message.id, p_channel, p_message.priority, p_message.created_at,
+                p_message.first_dequeued_at, p_now, p_message.num_attempts, p_outcome);
+    END IF;
+END
+$$;
+
+-- Moves a message its caller has already deleted (under the channel lock) to the
+-- dead letters.
+CREATE FUNCTION fairq.bury(p_message fairq.message, p_channel fairq.channel, p_error text,
+                           p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO fairq.dead_letter
+        (id, channel, priority, content, state, num_attempts, error, created_at, died_at)
+    VALUES (p_message.id, p_channel.name, p_message.priority, p_message.content, p_message.state,
+            p_message.num_attempts, p_error, p_message.created_at, p_now);
+    PERFORM fairq.record_history(p_message, p_channel.name, 'dead', p_now);
+    PERFORM fairq.channel_resize(p_channel, -1, false);
+END
+$$;

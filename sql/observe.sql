@@ -1,0 +1,90 @@
+-- observe.sql — what operators read from psql.
+--
+-- Invariants:
+--   * views read the tables as the extension's owner, so an observer needs SELECT on
+--     the view only, never on the tables;
+--   * fairq.check() reads everything in one snapshot and returns one row per broken
+--     invariant: no rows means the counters, heads and turns are consistent.
+
+CREATE VIEW fairq.channels AS
+SELECT c.name AS channel,
+       c.max_concurrency,
+       c.release_interval_ms,
+       c.max_size,
+       c.max_attempts,
+       n.ready + n.scheduled + c.in_flight AS size,
+       n.ready,
+       n.scheduled,
+       c.in_flight,
+       c.turn_at AS next_dequeue_at
+  FROM fairq.channel c
+ CROSS JOIN (SELECT clock_timestamp() + shift AS now FROM fairq.clock_offset) k
+ CROSS JOIN LATERAL (
+       SELECT (SELECT count(*) FROM fairq.message m
+                WHERE m.channel_id = c.id AND m.status = 'ready')
+            + (SELECT count(*) FROM fairq.message m
+                WHERE m.channel_id = c.id AND m.status = 'scheduled' AND m.dequeue_at <= k.now) AS ready,
+              (SELECT count(*) FROM fairq.message m
+                WHERE m.channel_id = c.id AND m.status = 'scheduled' AND m.dequeue_at > k.now) AS scheduled
+       ) n;
+
+CREATE VIEW fairq.dead_letters AS
+SELECT id, channel, content, state, num_attempts, error, created_at, died_at
+  FROM fairq.dead_letter;
+
+CREATE FUNCTION fairq.history_prune(p_before timestamptz) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_deleted bigint;
+BEGIN
+    PERFORM fairq.require(p_before, 'p_before');
+    DELETE FROM fairq.message_history WHERE settled_at < p_before;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
+END
+$$;
+
+CREATE FUNCTION fairq.check() RETURNS TABLE(channel text, problem text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH truth AS (
+        SELECT c.*,
+               (SELECT count(*) FROM fairq.message m
+                 WHERE m.channel_id = c.id AND m.status = 'locked') AS locked,
+               (SELECT count(*) FROM fairq.message m WHERE m.channel_id = c.id) AS messages,
+               (SELECT min(m.dequeue_at) FROM fairq.message m
+                 WHERE m.channel_id = c.id AND m.status IN ('ready', 'scheduled')) AS earliest_due,
+               (SELECT s.size FROM fairq.channel_size s WHERE s.channel_id = c.id) AS counted_size,
+               (SELECT clock_timestamp() + shift FROM fairq.clock_offset) AS now
+          FROM fairq.channel c
+    )
+    SELECT t.name, p.problem
+      FROM truth t
+     CROSS JOIN LATERAL (VALUES
+        (CASE WHEN t.in_flight <> t.locked
+              THEN format('in_flight is %s but %s messages are locked', t.in_flight, t.locked) END),
+        (CASE WHEN t.due_at IS NULL AND t.earliest_due IS NOT NULL
+              THEN 'pending messages but no due_at: they would never be delivered' END),
+        (CASE WHEN t.due_at > GREATEST(t.earliest_due, t.now)
+              THEN format('due_at %s is later than the earliest pending message (%s)', t.due_at, t.earliest_due) END),
+        (CASE WHEN (t.turn_at IS NULL)
+                   <> (t.due_at IS NULL OR coalesce(t.in_flight >= t.max_concurrency, false))
+              THEN format('turn_at %s does not match due_at %s, in_flight %s and max_concurrency %s',
+                          t.turn_at, t.due_at, t.in_flight, t.max_concurrency) END),
+        (CASE WHEN t.turn_at < t.last_release_at + fairq.ms(t.release_interval_ms)
+              THEN 'next turn comes before the release interval has passed' END),
+        (CASE WHEN t.max_size IS NOT NULL AND t.counted_size IS DISTINCT FROM t.messages
+              THEN format('channel_size says %s but the channel holds %s messages', t.counted_size, t.messages) END),
+        (CASE WHEN t.max_size IS NULL AND t.counted_size IS NOT NULL
+              THEN 'channel_size row for a channel without max_size' END)
+     ) AS p(problem)
+     WHERE p.problem IS NOT NULL
+    UNION ALL
+    SELECT NULL, format('%s messages belong to no channel', count(*))
+      FROM fairq.message m
+     WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = m.channel_id)
+    HAVING count(*) > 0
+$$;

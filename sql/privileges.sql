@@ -1,0 +1,70 @@
+-- privileges.sql — who may call what.
+--
+-- Invariants:
+--   * nothing in schema fairq is granted to PUBLIC;
+--   * the public functions are SECURITY DEFINER with a pinned search_path, so
+--     callers need EXECUTE on them and USAGE on the schema, never table privileges;
+--   * a producer can create and cancel messages but neither dequeue nor read
+--     contents; a worker can dequeue and settle; an observer can read the views and
+--     the history. Policy, retries and pruning stay with the owner (grant them
+--     explicitly to an operator role if needed).
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fairq FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA fairq FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA fairq FROM PUBLIC;
+REVOKE ALL ON TYPE fairq.message_status FROM PUBLIC;
+REVOKE ALL ON SCHEMA fairq FROM PUBLIC;
+
+-- Grants p_privileges on each of p_objects to the role (identifiers quoted by
+-- format's %I, object signatures are fixed strings of this file).
+CREATE FUNCTION fairq.grant_to(p_role regrole, p_privileges text, p_objects text[]) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_role name := (SELECT rolname FROM pg_roles WHERE oid = fairq.require(p_role, 'p_role'));
+    v_object text;
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA fairq TO %I', v_role);
+    FOREACH v_object IN ARRAY p_objects LOOP
+        EXECUTE format('GRANT %s ON %s TO %I', p_privileges, v_object, v_role);
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION fairq.grant_producer(p_role regrole) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT fairq.grant_to(p_role, 'EXECUTE', ARRAY[
+        'FUNCTION fairq.message_create(text, bytea, timestamptz, integer, text)',
+        'FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], integer[], text[])',
+        'FUNCTION fairq.message_cancel(bigint)'])
+$$;
+
+CREATE FUNCTION fairq.grant_worker(p_role regrole) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT fairq.grant_to(p_role, 'EXECUTE', ARRAY[
+        'FUNCTION fairq.message_dequeue(bigint, integer)',
+        'FUNCTION fairq.message_complete(bigint, bigint)',
+        'FUNCTION fairq.message_complete_batch(bigint[], bigint[])',
+        'FUNCTION fairq.message_defer(bigint, bigint, timestamptz, bytea)',
+        'FUNCTION fairq.message_heartbeat(bigint, bigint, bigint)',
+        'FUNCTION fairq.message_fail(bigint, bigint, text)'])
+$$;
+
+CREATE FUNCTION fairq.grant_observer(p_role regrole) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT fairq.grant_to(p_role, 'SELECT', ARRAY[
+        'fairq.channels', 'fairq.dead_letters', 'fairq.message_history'])
+$$;
+
+-- The functions above were created after the blanket REVOKE.
+REVOKE ALL ON FUNCTION fairq.grant_to(regrole, text, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fairq.grant_producer(regrole) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fairq.grant_worker(regrole) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fairq.grant_observer(regrole) FROM PUBLIC;

@@ -1,0 +1,130 @@
+-- tables.sql — where fairq keeps its state.
+--
+-- Invariants kept by every function in this schema:
+--   * one channel row per name (unique), created on first use, removed when it has
+--     no explicit policy and no messages;
+--   * channel.in_flight = number of its messages with status 'locked';
+--   * channel.due_at is NULL only when the channel has no pending ('ready' or
+--     'scheduled') message, and is never later than the earliest time one of its
+--     pending messages becomes due (it may be earlier: a dequeue then finds nothing
+--     and recomputes it);
+--   * channel.turn_at is NULL when the channel cannot be served (nothing pending or
+--     at max_concurrency), else the time its next turn comes; (turn_at, turn_seq)
+--     orders the round-robin;
+--   * channel_size exists exactly for channels with a max_size and counts all their
+--     messages, in flight included.
+-- Messages move scheduled -> ready -> locked -> (deleted | ready | scheduled).
+-- Only 'ready' messages are ordered by priority; a 'scheduled' message becomes
+-- 'ready' in the dequeue that finds it due, so no daemon is needed.
+
+CREATE TYPE fairq.message_status AS ENUM ('scheduled', 'ready', 'locked');
+
+CREATE SEQUENCE fairq.channel_id_seq;
+-- Round-robin tie-breaker: a served or newly eligible channel takes the next value,
+-- so channels whose turns fall in the same microsecond still take strict turns.
+CREATE SEQUENCE fairq.turn_seq;
+CREATE SEQUENCE fairq.message_id_seq;
+
+-- Every dequeue rewrites its channel's turn (an indexed column), so channel updates
+-- cannot be HOT: leave room on each page and vacuum the small, hot table often.
+CREATE TABLE fairq.channel (
+    id                  bigint      NOT NULL DEFAULT nextval('fairq.channel_id_seq') PRIMARY KEY,
+    name                text        NOT NULL UNIQUE,
+    has_policy          boolean     NOT NULL DEFAULT false,
+    max_concurrency     integer,
+    release_interval_ms bigint      NOT NULL DEFAULT 0,
+    max_size            integer,
+    max_attempts        integer,
+    in_flight           integer     NOT NULL DEFAULT 0,
+    last_release_at     timestamptz,
+    due_at              timestamptz,
+    turn_at             timestamptz,
+    turn_seq            bigint
+) WITH (fillfactor = 50,
+        autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
+        autovacuum_analyze_scale_factor = 0.05, autovacuum_vacuum_cost_delay = 0);
+ALTER SEQUENCE fairq.channel_id_seq OWNED BY fairq.channel.id;
+
+-- The dequeue's first lookup: the eligible channel whose turn is earliest.
+CREATE INDEX channel_turn_ix ON fairq.channel (turn_at, turn_seq) WHERE turn_at IS NOT NULL;
+
+-- Producers of a bounded channel serialise on this row, not on the channel row that
+-- dequeues lock, so an open producer transaction never hides a channel from workers.
+CREATE TABLE fairq.channel_size (
+    channel_id bigint  NOT NULL PRIMARY KEY,
+    size       integer NOT NULL
+) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+
+CREATE TABLE fairq.message (
+    id                bigint               NOT NULL DEFAULT nextval('fairq.message_id_seq') PRIMARY KEY,
+    channel_id        bigint               NOT NULL,
+    status            fairq.message_status NOT NULL,
+    priority          integer              NOT NULL DEFAULT 0,
+    dequeue_at        timestamptz          NOT NULL,
+    locked_until      timestamptz,
+    num_attempts      bigint               NOT NULL DEFAULT 0,
+    recovered         boolean              NOT NULL DEFAULT false,
+    created_at        timestamptz          NOT NULL,
+    first_dequeued_at timestamptz,
+    dedup_key         text,
+    content           bytea                NOT NULL,
+    state             bytea
+) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
+        autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
+ALTER SEQUENCE fairq.message_id_seq OWNED BY fairq.message.id;
+
+-- A channel's best ready message: priority first, then schedule, then arrival.
+CREATE INDEX message_ready_ix ON fairq.message (channel_id, priority DESC, dequeue_at, id)
+    WHERE status = 'ready';
+-- A channel's scheduled messages, by the time they become due.
+CREATE INDEX message_scheduled_ix ON fairq.message (channel_id, dequeue_at, id)
+    WHERE status = 'scheduled';
+-- Locks that may have expired, oldest expiry first.
+CREATE INDEX message_locked_ix ON fairq.message (locked_until)
+    WHERE status = 'locked';
+CREATE UNIQUE INDEX message_dedup_ix ON fairq.message (channel_id, dedup_key)
+    WHERE dedup_key IS NOT NULL;
+
+CREATE TABLE fairq.dead_letter (
+    id           bigint      NOT NULL PRIMARY KEY,
+    channel      text        NOT NULL,
+    priority     integer     NOT NULL,
+    content      bytea       NOT NULL,
+    state        bytea,
+    num_attempts bigint      NOT NULL,
+    error        text,
+    created_at   timestamptz NOT NULL,
+    died_at      timestamptz NOT NULL
+);
+CREATE INDEX dead_letter_died_at_ix ON fairq.dead_letter (died_at);
+
+-- Filled only while the setting fairq.history is on.
+CREATE TABLE fairq.message_history (
+    id                bigint      NOT NULL,
+    channel           text        NOT NULL,
+    priority          integer     NOT NULL,
+    created_at        timestamptz NOT NULL,
+    first_dequeued_at timestamptz,
+    settled_at        timestamptz NOT NULL,
+    num_attempts      bigint      NOT NULL,
+    outcome           text        NOT NULL CHECK (outcome IN ('completed', 'dead', 'cancelled'))
+);
+CREATE INDEX message_history_settled_at_ix ON fairq.message_history (settled_at);
+CREATE INDEX message_history_id_ix ON fairq.message_history (id);
+
+-- Queue data is user data: pg_dump must back it up although the tables belong to
+-- the extension. (Outside CREATE EXTENSION, e.g. `fairq install`, nothing to mark.)
+DO $config_dump$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'fairq') THEN
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.channel', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_size', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.message', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.dead_letter', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.message_history', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_id_seq', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.message_id_seq', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.turn_seq', '');
+    END IF;
+END
+$config_dump$;

@@ -1,0 +1,59 @@
+-- validate.sql — argument checks shared by every public function.
+--
+-- Invariant: a call with a bad argument raises before it changes anything, with
+-- SQLSTATE 22004 for a missing (NULL) required value and 22023 for an invalid one,
+-- and a message that starts with the parameter's name.
+
+CREATE FUNCTION fairq.require(p_value anyelement, p_name text) RETURNS anyelement
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', p_name USING ERRCODE = '22004';
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+CREATE FUNCTION fairq.require_at_least(p_value bigint, p_minimum bigint, p_name text) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', p_name USING ERRCODE = '22004';
+    END IF;
+    IF p_value < p_minimum THEN
+        RAISE EXCEPTION '% must be at least %, got %', p_name, p_minimum, p_value
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+-- NULL is allowed and means "unlimited".
+CREATE FUNCTION fairq.require_limit(p_value bigint, p_name text) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_value < 1 THEN
+        RAISE EXCEPTION '% must be at least 1 or NULL (unlimited), got %', p_name, p_value
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+CREATE FUNCTION fairq.require_channel_name(p_channel text, p_name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_channel IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', p_name USING ERRCODE = '22004';
+    END IF;
+    IF p_channel = '' OR octet_length(p_channel) > 255 THEN
+        RAISE EXCEPTION '% must be non-empty text of at most 255 bytes, got % bytes',
+            p_name, octet_length(p_channel) USING ERRCODE = '22023';
+    END IF;
+    RETURN p_channel;
+END
+$$;
