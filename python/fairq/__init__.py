@@ -1,3 +1,48 @@
 """fairq: a fair, multi-tenant, durable message queue inside PostgreSQL."""
 
+from fairq.aio import AsyncQueue
+from fairq.codecs import BytesCodec, Codec, JsonCodec, TextCodec
+from fairq.queue import Queue
+from fairq.types import (
+    AsyncMessage,
+    CancelStatus,
+    ChannelStats,
+    CreateResult,
+    CreateStatus,
+    DeadLetter,
+    HistoryRecord,
+    Message,
+    NewMessage,
+    ReceivedMessage,
+    RetryStatus,
+    SettleResult,
+    SettleStatus,
+)
+from fairq.worker import Backoff, Worker
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "AsyncMessage",
+    "AsyncQueue",
+    "Backoff",
+    "BytesCodec",
+    "CancelStatus",
+    "ChannelStats",
+    "Codec",
+    "CreateResult",
+    "CreateStatus",
+    "DeadLetter",
+    "HistoryRecord",
+    "JsonCodec",
+    "Message",
+    "NewMessage",
+    "Queue",
+    "ReceivedMessage",
+    "RetryStatus",
+    "SettleResult",
+    "SettleStatus",
+    "TextCodec",
+    "Worker",
+    "__version__",
+]

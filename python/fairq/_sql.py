@@ -1,0 +1,209 @@
+"""The one definition of what fairq's Python side sends to PostgreSQL.
+
+Each function returns a :class:`Call`: the statement, its parameters and how to turn
+the returned rows into results. ``Queue`` and ``AsyncQueue`` only differ in how they
+execute a Call, so both speak exactly the same SQL. Parameters are passed by name
+(``p_x => %(x)s``) so that the SQL's defaults apply to what we leave out.
+
+Relative delays are added to the *database's* clock (``clock_timestamp()``), so
+producers and workers on hosts with skewed clocks still schedule consistently.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+from fairq.codecs import Codec
+from fairq.types import (
+    CancelStatus,
+    ChannelStats,
+    CreateResult,
+    CreateStatus,
+    DeadLetter,
+    HistoryRecord,
+    NewMessage,
+    RetryStatus,
+    SettleResult,
+    SettleStatus,
+)
+
+R = TypeVar("R")
+T = TypeVar("T")
+Row = tuple[Any, ...]
+
+# Columns of fairq.message_dequeue, in the order ReceivedMessage takes them.
+DEQUEUED_COLUMNS = "id, channel, content, state, num_attempts, priority, dequeue_at, recovered"
+
+
+@dataclass(frozen=True)
+class Call(Generic[R]):
+    query: str
+    params: Mapping[str, Any]
+    decode: Callable[[list[Row]], R]
+
+
+def milliseconds(duration: timedelta) -> int:
+    """A duration as the SQL's whole milliseconds, rounded up so that no lock is 0 ms."""
+    return math.ceil(duration / timedelta(milliseconds=1))
+
+
+def _scalar(rows: list[Row]) -> Any:
+    return rows[0][0]
+
+
+def _none(rows: list[Row]) -> None:
+    return None
+
+
+def channel_set(channel: str, *, max_concurrency: int | None, release_interval: timedelta,
+                max_size: int | None, max_attempts: int | None) -> Call[None]:
+    return Call(
+        "SELECT fairq.channel_set(p_channel => %(channel)s,"
+        " p_max_concurrency => %(max_concurrency)s::int,"
+        " p_release_interval_ms => %(release_interval_ms)s,"
+        " p_max_size => %(max_size)s::int, p_max_attempts => %(max_attempts)s::int)",
+        {"channel": channel, "max_concurrency": max_concurrency,
+         "release_interval_ms": milliseconds(release_interval), "max_size": max_size,
+         "max_attempts": max_attempts},
+        _none)
+
+
+def channel_clear(channel: str) -> Call[bool]:
+    return Call("SELECT fairq.channel_clear(p_channel => %(channel)s)",
+                {"channel": channel}, lambda rows: bool(_scalar(rows)))
+
+
+def channels(channel: str | None) -> Call[list[ChannelStats]]:
+    return Call(
+        "SELECT channel, max_concurrency, release_interval_ms, max_size, max_attempts,"
+        " size, ready, scheduled, in_flight, next_dequeue_at FROM fairq.channels"
+        " WHERE %(channel)s::text IS NULL OR channel = %(channel)s ORDER BY channel",
+        {"channel": channel},
+        lambda rows: [ChannelStats(*row) for row in rows])
+
+
+def _create_result(id_: int | None, status: str) -> CreateResult:
+    return CreateResult(id_, CreateStatus(status))
+
+
+def create(channel: str, content: bytes, *, dequeue_at: datetime | None,
+           delay: timedelta | None, priority: int, dedup_key: str | None) -> Call[CreateResult]:
+    return Call(
+        "SELECT id, status FROM fairq.message_create(p_channel => %(channel)s,"
+        " p_content => %(content)s::bytea,"
+        " p_dequeue_at => coalesce(%(dequeue_at)s::timestamptz,"
+        "                          clock_timestamp() + %(delay)s::interval),"
+        " p_priority => %(priority)s::int, p_dedup_key => %(dedup_key)s::text)",
+        {"channel": channel, "content": content, "dequeue_at": dequeue_at, "delay": delay,
+         "priority": priority, "dedup_key": dedup_key},
+        lambda rows: _create_result(*rows[0]))
+
+
+def create_batch(messages: Sequence[NewMessage[T]], codec: Codec[T]) -> Call[list[CreateResult]]:
+    return Call(
+        "SELECT id, status FROM fairq.message_create_batch(p_channels => %(channels)s::text[],"
+        " p_contents => %(contents)s::bytea[],"
+        " p_dequeue_ats => (SELECT array_agg(coalesce(u.at, clock_timestamp() + u.delay)"
+        "                                    ORDER BY u.i)"
+        "                     FROM unnest(%(dequeue_ats)s::timestamptz[], %(delays)s::interval[])"
+        "                          WITH ORDINALITY AS u(at, delay, i)),"
+        " p_priorities => %(priorities)s::int[], p_dedup_keys => %(dedup_keys)s::text[])"
+        " ORDER BY ord",
+        {"channels": [m.channel for m in messages],
+         "contents": [codec.encode(m.content) for m in messages],
+         "dequeue_ats": [m.dequeue_at for m in messages],
+         "delays": [m.delay for m in messages],
+         "priorities": [m.priority for m in messages],
+         "dedup_keys": [m.dedup_key for m in messages]},
+        lambda rows: [_create_result(*row) for row in rows])
+
+
+def dequeue(lock: timedelta, max_messages: int) -> Call[list[Row]]:
+    """Rows in DEQUEUED_COLUMNS order; the queues bind them to themselves."""
+    return Call(
+        f"SELECT {DEQUEUED_COLUMNS} FROM fairq.message_dequeue("
+        "p_lock_ms => %(lock_ms)s, p_max_messages => %(max_messages)s)",
+        {"lock_ms": milliseconds(lock), "max_messages": max_messages},
+        lambda rows: rows)
+
+
+def _settle_status(rows: list[Row]) -> SettleStatus:
+    return SettleStatus(_scalar(rows))
+
+
+def complete(id_: int, num_attempts: int) -> Call[SettleStatus]:
+    return Call("SELECT fairq.message_complete(p_id => %(id)s, p_num_attempts => %(n)s)",
+                {"id": id_, "n": num_attempts}, _settle_status)
+
+
+def complete_batch(tokens: Sequence[tuple[int, int]]) -> Call[list[SettleResult]]:
+    return Call(
+        "SELECT id, status FROM fairq.message_complete_batch(p_ids => %(ids)s::bigint[],"
+        " p_num_attempts => %(ns)s::bigint[])",
+        {"ids": [id_ for id_, _ in tokens], "ns": [n for _, n in tokens]},
+        lambda rows: [SettleResult(id_, SettleStatus(status)) for id_, status in rows])
+
+
+def defer(id_: int, num_attempts: int, *, dequeue_at: datetime | None, delay: timedelta | None,
+          state: bytes | None) -> Call[SettleStatus]:
+    return Call(
+        "SELECT fairq.message_defer(p_id => %(id)s, p_num_attempts => %(n)s,"
+        " p_dequeue_at => coalesce(%(dequeue_at)s::timestamptz,"
+        "                          clock_timestamp() + %(delay)s::interval),"
+        " p_state => %(state)s::bytea)",
+        {"id": id_, "n": num_attempts, "dequeue_at": dequeue_at, "delay": delay,
+         "state": state},
+        _settle_status)
+
+
+def heartbeat(id_: int, num_attempts: int, lock: timedelta) -> Call[SettleStatus]:
+    return Call(
+        "SELECT fairq.message_heartbeat(p_id => %(id)s, p_num_attempts => %(n)s,"
+        " p_lock_ms => %(lock_ms)s)",
+        {"id": id_, "n": num_attempts, "lock_ms": milliseconds(lock)}, _settle_status)
+
+
+def fail(id_: int, num_attempts: int, error: str | None) -> Call[SettleStatus]:
+    return Call(
+        "SELECT fairq.message_fail(p_id => %(id)s, p_num_attempts => %(n)s,"
+        " p_error => %(error)s::text)",
+        {"id": id_, "n": num_attempts, "error": error}, _settle_status)
+
+
+def cancel(id_: int) -> Call[CancelStatus]:
+    return Call("SELECT fairq.message_cancel(p_id => %(id)s)", {"id": id_},
+                lambda rows: CancelStatus(_scalar(rows)))
+
+
+def dead_letters(channel: str | None, limit: int) -> Call[list[DeadLetter]]:
+    return Call(
+        "SELECT id, channel, content, state, num_attempts, error, created_at, died_at"
+        " FROM fairq.dead_letters WHERE %(channel)s::text IS NULL OR channel = %(channel)s"
+        " ORDER BY died_at, id LIMIT %(limit)s",
+        {"channel": channel, "limit": limit},
+        lambda rows: [DeadLetter(*row) for row in rows])
+
+
+def dead_letter_retry(id_: int) -> Call[RetryStatus]:
+    return Call("SELECT fairq.dead_letter_retry(p_id => %(id)s)", {"id": id_},
+                lambda rows: RetryStatus(_scalar(rows)))
+
+
+def history(channel: str | None, since: datetime | None, limit: int) -> Call[list[HistoryRecord]]:
+    return Call(
+        "SELECT id, channel, priority, created_at, first_dequeued_at, settled_at,"
+        " num_attempts, outcome FROM fairq.message_history"
+        " WHERE (%(channel)s::text IS NULL OR channel = %(channel)s)"
+        "   AND (%(since)s::timestamptz IS NULL OR settled_at >= %(since)s)"
+        " ORDER BY settled_at, id LIMIT %(limit)s",
+        {"channel": channel, "since": since, "limit": limit},
+        lambda rows: [HistoryRecord(*row) for row in rows])
+
+
+def history_prune(before: datetime) -> Call[int]:
+    return Call("SELECT fairq.history_prune(p_before => %(before)s)", {"before": before},
+                lambda rows: int(_scalar(rows)))

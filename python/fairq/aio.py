@@ -1,0 +1,219 @@
+"""``AsyncQueue``: the asyncio binding, the same calls as :class:`fairq.Queue`.
+
+It sends exactly the statements of ``fairq._sql``; only the execution differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar, overload
+
+import psycopg
+from psycopg.rows import tuple_row
+from psycopg_pool import AsyncConnectionPool
+
+from fairq import _sql, periodic
+from fairq._source import conninfo_of
+from fairq.codecs import BytesCodec, Codec
+from fairq.types import (
+    AsyncMessage,
+    CancelStatus,
+    ChannelStats,
+    CreateResult,
+    DeadLetter,
+    HistoryRecord,
+    NewMessage,
+    ReceivedMessage,
+    RetryStatus,
+    SettleResult,
+    SettleStatus,
+)
+
+__all__ = ["AsyncQueue"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+AsyncConnection = psycopg.AsyncConnection[Any]
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """A connection shared by the queue's tasks: one call at a time on it."""
+
+    conn: AsyncConnection
+    lock: asyncio.Lock
+
+
+class AsyncQueue(Generic[T]):
+    """fairq over psycopg 3, with asyncio. ``source`` is a conninfo string (the queue
+    then owns a pool: ``await queue.open()`` or ``async with``, then ``close()``), an
+    ``AsyncConnection`` or an ``AsyncConnectionPool`` (both stay the caller's)."""
+
+    @overload
+    def __init__(self: AsyncQueue[bytes],
+                 source: str | AsyncConnection | AsyncConnectionPool[Any], *,
+                 codec: None = None, pool_size: int = 10) -> None: ...
+
+    @overload
+    def __init__(self, source: str | AsyncConnection | AsyncConnectionPool[Any], *,
+                 codec: Codec[T], pool_size: int = 10) -> None: ...
+
+    def __init__(self, source: str | AsyncConnection | AsyncConnectionPool[Any], *,
+                 codec: Codec[Any] | None = None, pool_size: int = 10) -> None:
+        self.codec: Codec[T] = codec if codec is not None else BytesCodec()  # type: ignore[assignment]
+        self.conninfo = conninfo_of(source)
+        self._owned_pool: AsyncConnectionPool[Any] | None = None
+        self._backend: AsyncConnectionPool[Any] | _Shared
+        if isinstance(source, str):
+            # An async pool cannot open in a constructor: open() or the first call does.
+            self._owned_pool = AsyncConnectionPool(source, min_size=1, max_size=pool_size,
+                                                   kwargs={"autocommit": True}, open=False,
+                                                   name="fairq")
+            self._backend = self._owned_pool
+        elif isinstance(source, AsyncConnectionPool):
+            self._backend = source
+        else:
+            self._backend = _Shared(source, asyncio.Lock())
+
+    async def open(self) -> None:
+        if self._owned_pool is not None and self._owned_pool.closed:
+            await self._owned_pool.open()
+
+    async def close(self) -> None:
+        """Closes the pool the queue opened itself (a caller's connection or pool stays open)."""
+        if self._owned_pool is not None:
+            await self._owned_pool.close()
+
+    async def __aenter__(self) -> AsyncQueue[T]:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for one unit of work, committed (unless autocommit) at the end."""
+        if isinstance(self._backend, _Shared):
+            shared = self._backend.conn
+            async with self._backend.lock:
+                if shared.autocommit:
+                    yield shared
+                else:
+                    async with shared.transaction():
+                        yield shared
+        else:
+            await self.open()
+            async with self._backend.connection() as conn:
+                yield conn
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A connection in a transaction that commits when the block ends without error:
+        pass it as ``conn=`` to make several calls atomic."""
+        async with self.connection() as conn, conn.transaction():
+            yield conn
+
+    async def _run(self, call: _sql.Call[R], conn: AsyncConnection | None = None) -> R:
+        if conn is None:
+            async with self.connection() as own:
+                return await self._run(call, own)
+        async with conn.cursor(row_factory=tuple_row) as cur:
+            await cur.execute(call.query, call.params)
+            return call.decode(await cur.fetchall())
+
+    # -- channels -------------------------------------------------------------------
+
+    async def channel_set(self, channel: str, *, max_concurrency: int | None = None,
+                          release_interval: timedelta = timedelta(0),
+                          max_size: int | None = None, max_attempts: int | None = None,
+                          conn: AsyncConnection | None = None) -> None:
+        await self._run(_sql.channel_set(channel, max_concurrency=max_concurrency,
+                                         release_interval=release_interval, max_size=max_size,
+                                         max_attempts=max_attempts), conn)
+
+    async def channel_clear(self, channel: str, *, conn: AsyncConnection | None = None) -> bool:
+        return await self._run(_sql.channel_clear(channel), conn)
+
+    async def channels(self, channel: str | None = None, *,
+                       conn: AsyncConnection | None = None) -> list[ChannelStats]:
+        return await self._run(_sql.channels(channel), conn)
+
+    # -- producing ------------------------------------------------------------------
+
+    async def send(self, channel: str, content: T, *, dequeue_at: datetime | None = None,
+                   delay: timedelta | None = None, priority: int = 0,
+                   dedup_key: str | None = None,
+                   conn: AsyncConnection | None = None) -> CreateResult:
+        return await self._run(_sql.create(channel, self.codec.encode(content),
+                                           dequeue_at=dequeue_at, delay=delay,
+                                           priority=priority, dedup_key=dedup_key), conn)
+
+    async def send_many(self, messages: Sequence[NewMessage[T]], *,
+                        conn: AsyncConnection | None = None) -> list[CreateResult]:
+        return await self._run(_sql.create_batch(messages, self.codec), conn)
+
+    async def cancel(self, message_id: int, *,
+                     conn: AsyncConnection | None = None) -> CancelStatus:
+        return await self._run(_sql.cancel(message_id), conn)
+
+    async def schedule_periodic(self, name: str, interval: timedelta, channel: str,
+                                content: T, *, start_at: datetime | None = None,
+                                priority: int = 0,
+                                conn: AsyncConnection | None = None) -> CreateResult:
+        return await self._run(periodic.schedule(name, interval, channel,
+                                                 self.codec.encode(content),
+                                                 start_at=start_at, priority=priority), conn)
+
+    # -- consuming ------------------------------------------------------------------
+
+    async def dequeue(self, lock: timedelta, max_messages: int = 1, *,
+                      conn: AsyncConnection | None = None) -> list[AsyncMessage[T]]:
+        rows = await self._run(_sql.dequeue(lock, max_messages), conn)
+        return [AsyncMessage(*row, codec=self.codec, queue=self) for row in rows]
+
+    async def complete(self, message: ReceivedMessage[T], *,
+                       conn: AsyncConnection | None = None) -> SettleStatus:
+        return await self._run(_sql.complete(message.id, message.num_attempts), conn)
+
+    async def complete_batch(self, messages: Sequence[ReceivedMessage[T]], *,
+                             conn: AsyncConnection | None = None) -> list[SettleResult]:
+        return await self._run(
+            _sql.complete_batch([(m.id, m.num_attempts) for m in messages]), conn)
+
+    async def defer(self, message: ReceivedMessage[T], dequeue_at: datetime | None = None, *,
+                    delay: timedelta | None = None, state: bytes | None = None,
+                    conn: AsyncConnection | None = None) -> SettleStatus:
+        return await self._run(_sql.defer(message.id, message.num_attempts,
+                                          dequeue_at=dequeue_at, delay=delay, state=state), conn)
+
+    async def heartbeat(self, message: ReceivedMessage[T], lock: timedelta, *,
+                        conn: AsyncConnection | None = None) -> SettleStatus:
+        return await self._run(_sql.heartbeat(message.id, message.num_attempts, lock), conn)
+
+    async def fail(self, message: ReceivedMessage[T], error: str | None = None, *,
+                   conn: AsyncConnection | None = None) -> SettleStatus:
+        return await self._run(_sql.fail(message.id, message.num_attempts, error), conn)
+
+    # -- operating ------------------------------------------------------------------
+
+    async def dead_letters(self, channel: str | None = None, *, limit: int = 100,
+                           conn: AsyncConnection | None = None) -> list[DeadLetter]:
+        return await self._run(_sql.dead_letters(channel, limit), conn)
+
+    async def dead_letter_retry(self, message_id: int, *,
+                                conn: AsyncConnection | None = None) -> RetryStatus:
+        return await self._run(_sql.dead_letter_retry(message_id), conn)
+
+    async def history(self, channel: str | None = None, *, since: datetime | None = None,
+                      limit: int = 1000,
+                      conn: AsyncConnection | None = None) -> list[HistoryRecord]:
+        return await self._run(_sql.history(channel, since, limit), conn)
+
+    async def history_prune(self, before: datetime, *,
+                            conn: AsyncConnection | None = None) -> int:
+        return await self._run(_sql.history_prune(before), conn)

@@ -1,0 +1,56 @@
+"""Content codecs: how a message's ``bytea`` content becomes a Python value and back.
+
+The queue stores bytes; a codec decides what users put in and get out. A queue uses
+one codec for everything it sends and receives, so producers and workers of the same
+channels must agree on it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol, TypeVar
+
+__all__ = ["BytesCodec", "Codec", "JsonCodec", "TextCodec"]
+
+T = TypeVar("T")
+
+
+class Codec(Protocol[T]):
+    """Turns content values into the bytes stored in ``fairq.message.content``."""
+
+    def encode(self, value: T, /) -> bytes: ...
+
+    def decode(self, data: bytes, /) -> T: ...
+
+
+class BytesCodec:
+    """Content as raw bytes (the default): what the SQL stores, unchanged."""
+
+    def encode(self, value: bytes, /) -> bytes:
+        return bytes(value)
+
+    def decode(self, data: bytes, /) -> bytes:
+        return bytes(data)
+
+
+class TextCodec:
+    """Content as text, UTF-8 by default."""
+
+    def __init__(self, encoding: str = "utf-8") -> None:
+        self.encoding = encoding
+
+    def encode(self, value: str, /) -> bytes:
+        return value.encode(self.encoding)
+
+    def decode(self, data: bytes, /) -> str:
+        return bytes(data).decode(self.encoding)
+
+
+class JsonCodec:
+    """Content as JSON documents (UTF-8, compact separators to keep rows small)."""
+
+    def encode(self, value: Any, /) -> bytes:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def decode(self, data: bytes, /) -> Any:
+        return json.loads(bytes(data))

@@ -1,0 +1,225 @@
+"""``Queue``: the synchronous binding of fairq's SQL functions.
+
+Every method takes an optional ``conn``: given one, the call runs on it and joins
+whatever transaction is open there (transactional enqueue: the message exists iff
+the caller's business writes commit). Without one, the call runs in a transaction of
+its own on the queue's connection or pool.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar, overload
+
+import psycopg
+from psycopg.rows import tuple_row
+from psycopg_pool import ConnectionPool
+
+from fairq import _sql, periodic
+from fairq._source import conninfo_of
+from fairq.codecs import BytesCodec, Codec
+from fairq.types import (
+    CancelStatus,
+    ChannelStats,
+    CreateResult,
+    DeadLetter,
+    HistoryRecord,
+    Message,
+    NewMessage,
+    ReceivedMessage,
+    RetryStatus,
+    SettleResult,
+    SettleStatus,
+)
+
+__all__ = ["Queue"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+Connection = psycopg.Connection[Any]
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """A connection shared by the queue's users: one call at a time on it."""
+
+    conn: Connection
+    lock: threading.Lock
+
+
+class Queue(Generic[T]):
+    """fairq over psycopg 3, synchronously.
+
+    ``source`` is a conninfo string (the queue then owns a pool of up to
+    ``pool_size`` autocommit connections; close it with ``close()`` or ``with``), a
+    ``psycopg.Connection`` or a ``psycopg_pool.ConnectionPool`` (both stay the
+    caller's). ``codec`` turns contents into bytes and back (default: raw bytes).
+    """
+
+    @overload
+    def __init__(self: Queue[bytes], source: str | Connection | ConnectionPool[Any], *,
+                 codec: None = None, pool_size: int = 10) -> None: ...
+
+    @overload
+    def __init__(self, source: str | Connection | ConnectionPool[Any], *,
+                 codec: Codec[T], pool_size: int = 10) -> None: ...
+
+    def __init__(self, source: str | Connection | ConnectionPool[Any], *,
+                 codec: Codec[Any] | None = None, pool_size: int = 10) -> None:
+        self.codec: Codec[T] = codec if codec is not None else BytesCodec()  # type: ignore[assignment]
+        self.conninfo = conninfo_of(source)
+        self._owned_pool: ConnectionPool[Any] | None = None
+        self._backend: ConnectionPool[Any] | _Shared
+        if isinstance(source, str):
+            self._owned_pool = ConnectionPool(source, min_size=1, max_size=pool_size,
+                                              kwargs={"autocommit": True}, open=True,
+                                              name="fairq")
+            self._backend = self._owned_pool
+        elif isinstance(source, ConnectionPool):
+            self._backend = source
+        else:
+            self._backend = _Shared(source, threading.Lock())
+
+    def close(self) -> None:
+        """Closes the pool the queue opened itself (a caller's connection or pool stays open)."""
+        if self._owned_pool is not None:
+            self._owned_pool.close()
+
+    def __enter__(self) -> Queue[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A connection for one unit of work, committed (unless autocommit) at the end."""
+        if isinstance(self._backend, _Shared):
+            shared = self._backend.conn
+            with self._backend.lock:
+                if shared.autocommit:
+                    yield shared
+                else:
+                    with shared.transaction():
+                        yield shared
+        else:
+            with self._backend.connection() as conn:
+                yield conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A connection in a transaction that commits when the block ends without error:
+        pass it as ``conn=`` to make several calls atomic."""
+        with self.connection() as conn, conn.transaction():
+            yield conn
+
+    def _run(self, call: _sql.Call[R], conn: Connection | None = None) -> R:
+        if conn is None:
+            with self.connection() as own:
+                return self._run(call, own)
+        with conn.cursor(row_factory=tuple_row) as cur:
+            return call.decode(cur.execute(call.query, call.params).fetchall())
+
+    # -- channels -------------------------------------------------------------------
+
+    def channel_set(self, channel: str, *, max_concurrency: int | None = None,
+                    release_interval: timedelta = timedelta(0), max_size: int | None = None,
+                    max_attempts: int | None = None, conn: Connection | None = None) -> None:
+        """Sets the channel's policy (None = unlimited)."""
+        self._run(_sql.channel_set(channel, max_concurrency=max_concurrency,
+                                   release_interval=release_interval, max_size=max_size,
+                                   max_attempts=max_attempts), conn)
+
+    def channel_clear(self, channel: str, *, conn: Connection | None = None) -> bool:
+        """Forgets the channel's policy; True if it had one."""
+        return self._run(_sql.channel_clear(channel), conn)
+
+    def channels(self, channel: str | None = None, *,
+                 conn: Connection | None = None) -> list[ChannelStats]:
+        """Every live channel's policy and counts (or just ``channel``'s), by name."""
+        return self._run(_sql.channels(channel), conn)
+
+    # -- producing ------------------------------------------------------------------
+
+    def send(self, channel: str, content: T, *, dequeue_at: datetime | None = None,
+             delay: timedelta | None = None, priority: int = 0, dedup_key: str | None = None,
+             conn: Connection | None = None) -> CreateResult:
+        """Creates a message, due at ``dequeue_at`` or after ``delay`` (default: now)."""
+        return self._run(_sql.create(channel, self.codec.encode(content), dequeue_at=dequeue_at,
+                                     delay=delay, priority=priority, dedup_key=dedup_key), conn)
+
+    def send_many(self, messages: Sequence[NewMessage[T]], *,
+                  conn: Connection | None = None) -> list[CreateResult]:
+        """Creates many messages in one call; results are in input order."""
+        return self._run(_sql.create_batch(messages, self.codec), conn)
+
+    def cancel(self, message_id: int, *, conn: Connection | None = None) -> CancelStatus:
+        return self._run(_sql.cancel(message_id), conn)
+
+    def schedule_periodic(self, name: str, interval: timedelta, channel: str, content: T, *,
+                          start_at: datetime | None = None, priority: int = 0,
+                          conn: Connection | None = None) -> CreateResult:
+        """Sends ``content`` to ``channel`` every ``interval``, from ``start_at`` (default:
+        now), for as long as a :class:`~fairq.Worker` runs. One schedule per ``name``:
+        a second call answers DUPLICATE and changes nothing."""
+        return self._run(periodic.schedule(name, interval, channel, self.codec.encode(content),
+                                           start_at=start_at, priority=priority), conn)
+
+    # -- consuming ------------------------------------------------------------------
+
+    def dequeue(self, lock: timedelta, max_messages: int = 1, *,
+                conn: Connection | None = None) -> list[Message[T]]:
+        """Up to ``max_messages`` messages, each locked for ``lock``; [] when none is due."""
+        rows = self._run(_sql.dequeue(lock, max_messages), conn)
+        return [Message(*row, codec=self.codec, queue=self) for row in rows]
+
+    def complete(self, message: ReceivedMessage[T], *,
+                 conn: Connection | None = None) -> SettleStatus:
+        return self._run(_sql.complete(message.id, message.num_attempts), conn)
+
+    def complete_batch(self, messages: Sequence[ReceivedMessage[T]], *,
+                       conn: Connection | None = None) -> list[SettleResult]:
+        return self._run(_sql.complete_batch([(m.id, m.num_attempts) for m in messages]), conn)
+
+    def defer(self, message: ReceivedMessage[T], dequeue_at: datetime | None = None, *,
+              delay: timedelta | None = None, state: bytes | None = None,
+              conn: Connection | None = None) -> SettleStatus:
+        """Unlocks and reschedules the message (default: now), keeping its attempt count;
+        ``state`` (if given) replaces the saved state."""
+        return self._run(_sql.defer(message.id, message.num_attempts, dequeue_at=dequeue_at,
+                                    delay=delay, state=state), conn)
+
+    def heartbeat(self, message: ReceivedMessage[T], lock: timedelta, *,
+                  conn: Connection | None = None) -> SettleStatus:
+        """Extends the message's lock to now + ``lock`` (never shortens it)."""
+        return self._run(_sql.heartbeat(message.id, message.num_attempts, lock), conn)
+
+    def fail(self, message: ReceivedMessage[T], error: str | None = None, *,
+             conn: Connection | None = None) -> SettleStatus:
+        """Moves the message to the dead letters now."""
+        return self._run(_sql.fail(message.id, message.num_attempts, error), conn)
+
+    # -- operating ------------------------------------------------------------------
+
+    def dead_letters(self, channel: str | None = None, *, limit: int = 100,
+                     conn: Connection | None = None) -> list[DeadLetter]:
+        """Dead letters, oldest death first."""
+        return self._run(_sql.dead_letters(channel, limit), conn)
+
+    def dead_letter_retry(self, message_id: int, *,
+                          conn: Connection | None = None) -> RetryStatus:
+        """Puts a dead letter back on its channel with its attempt count reset."""
+        return self._run(_sql.dead_letter_retry(message_id), conn)
+
+    def history(self, channel: str | None = None, *, since: datetime | None = None,
+                limit: int = 1000, conn: Connection | None = None) -> list[HistoryRecord]:
+        """Settled messages (recorded while ``fairq.history`` is on), oldest first."""
+        return self._run(_sql.history(channel, since, limit), conn)
+
+    def history_prune(self, before: datetime, *, conn: Connection | None = None) -> int:
+        """Deletes history settled before ``before``; returns how many rows went."""
+        return self._run(_sql.history_prune(before), conn)

@@ -1,0 +1,206 @@
+"""Results of queue calls: statuses as enums, rows as frozen dataclasses.
+
+The SQL answers with plain text statuses; these enums are their exact values, so a
+status the SQL adds later fails loudly in ``Enum(value)`` rather than slipping by.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from fairq.codecs import Codec
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from fairq.aio import AsyncQueue
+    from fairq.queue import Queue
+
+__all__ = [
+    "AsyncMessage",
+    "CancelStatus",
+    "ChannelStats",
+    "CreateResult",
+    "CreateStatus",
+    "DeadLetter",
+    "HistoryRecord",
+    "Message",
+    "NewMessage",
+    "ReceivedMessage",
+    "RetryStatus",
+    "SettleResult",
+    "SettleStatus",
+]
+
+T = TypeVar("T")
+
+
+class CreateStatus(enum.Enum):
+    CREATED = "created"
+    DUPLICATE = "duplicate"  # the id is that of the message already holding the dedup key
+    DROPPED = "dropped"  # the channel is at max_size: nothing stored, id is None
+
+
+class SettleStatus(enum.Enum):
+    COMPLETED = "completed"
+    DEFERRED = "deferred"
+    HEARTBEATED = "heartbeated"
+    DEAD = "dead"
+    NOT_FOUND = "not_found"
+    # The message exists but the caller's lock is gone (expired and handed to someone
+    # else, or already settled): the call changed nothing.
+    STALE = "stale"
+
+
+class CancelStatus(enum.Enum):
+    CANCELLED = "cancelled"
+    NOT_FOUND = "not_found"
+    LOCKED = "locked"  # in flight: only its worker may settle it
+
+
+class RetryStatus(enum.Enum):
+    REQUEUED = "requeued"
+    NOT_FOUND = "not_found"
+
+
+@dataclass(frozen=True)
+class CreateResult:
+    id: int | None
+    status: CreateStatus
+
+
+@dataclass(frozen=True)
+class SettleResult:
+    id: int
+    status: SettleStatus
+
+
+@dataclass(frozen=True)
+class NewMessage(Generic[T]):
+    """One element of ``send_many``. ``delay`` counts from the database's clock."""
+
+    channel: str
+    content: T
+    dequeue_at: datetime | None = None
+    delay: timedelta | None = None
+    priority: int = 0
+    dedup_key: str | None = None
+
+
+@dataclass(frozen=True)
+class ChannelStats:
+    """A row of the ``fairq.channels`` view. Limits are None when unlimited."""
+
+    channel: str
+    max_concurrency: int | None
+    release_interval_ms: int
+    max_size: int | None
+    max_attempts: int | None
+    size: int
+    ready: int
+    scheduled: int
+    in_flight: int
+    next_dequeue_at: datetime | None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A row of ``fairq.dead_letters``. ``content`` stays raw bytes: a message often dies
+    precisely because its content cannot be decoded."""
+
+    id: int
+    channel: str
+    content: bytes
+    state: bytes | None
+    num_attempts: int
+    error: str | None
+    created_at: datetime
+    died_at: datetime
+
+
+@dataclass(frozen=True)
+class HistoryRecord:
+    id: int
+    channel: str
+    priority: int
+    created_at: datetime
+    first_dequeued_at: datetime | None
+    settled_at: datetime
+    num_attempts: int
+    outcome: str  # completed | dead | cancelled
+
+
+@dataclass(frozen=True)
+class ReceivedMessage(Generic[T]):
+    """A message handed out by a dequeue, locked for its receiver.
+
+    ``raw`` is the content as stored; ``content`` decodes it on first access, so a
+    message whose content the codec rejects still reaches the worker, which can then
+    defer or dead-letter it like any failure instead of losing the whole batch.
+    ``num_attempts`` is the fencing token every settlement passes back.
+    """
+
+    id: int
+    channel: str
+    raw: bytes
+    state: bytes | None
+    num_attempts: int
+    priority: int
+    dequeue_at: datetime
+    recovered: bool
+    codec: Codec[T] = field(repr=False, compare=False, kw_only=True)
+
+    @cached_property
+    def content(self) -> T:
+        return self.codec.decode(self.raw)
+
+
+@dataclass(frozen=True)
+class Message(ReceivedMessage[T]):
+    """A message from a :class:`~fairq.Queue`; its methods settle it through that queue."""
+
+    queue: Queue[T] = field(repr=False, compare=False, kw_only=True)
+
+    def complete(self, *, conn: psycopg.Connection[Any] | None = None) -> SettleStatus:
+        return self.queue.complete(self, conn=conn)
+
+    def defer(self, dequeue_at: datetime | None = None, *, delay: timedelta | None = None,
+              state: bytes | None = None,
+              conn: psycopg.Connection[Any] | None = None) -> SettleStatus:
+        return self.queue.defer(self, dequeue_at, delay=delay, state=state, conn=conn)
+
+    def heartbeat(self, lock: timedelta, *,
+                  conn: psycopg.Connection[Any] | None = None) -> SettleStatus:
+        return self.queue.heartbeat(self, lock, conn=conn)
+
+    def fail(self, error: str | None = None, *,
+             conn: psycopg.Connection[Any] | None = None) -> SettleStatus:
+        return self.queue.fail(self, error, conn=conn)
+
+
+@dataclass(frozen=True)
+class AsyncMessage(ReceivedMessage[T]):
+    """A message from an :class:`~fairq.AsyncQueue`; its methods are coroutines."""
+
+    queue: AsyncQueue[T] = field(repr=False, compare=False, kw_only=True)
+
+    async def complete(self, *,
+                       conn: psycopg.AsyncConnection[Any] | None = None) -> SettleStatus:
+        return await self.queue.complete(self, conn=conn)
+
+    async def defer(self, dequeue_at: datetime | None = None, *,
+                    delay: timedelta | None = None, state: bytes | None = None,
+                    conn: psycopg.AsyncConnection[Any] | None = None) -> SettleStatus:
+        return await self.queue.defer(self, dequeue_at, delay=delay, state=state, conn=conn)
+
+    async def heartbeat(self, lock: timedelta, *,
+                        conn: psycopg.AsyncConnection[Any] | None = None) -> SettleStatus:
+        return await self.queue.heartbeat(self, lock, conn=conn)
+
+    async def fail(self, error: str | None = None, *,
+                   conn: psycopg.AsyncConnection[Any] | None = None) -> SettleStatus:
+        return await self.queue.fail(self, error, conn=conn)

@@ -1,0 +1,301 @@
+"""The Python binding, sync and async, against a real database.
+
+Each round-trip test runs the same scenario twice: through ``Queue`` and through
+``AsyncQueue`` (driven with ``asyncio.run``), since both must speak the same SQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from fairq import (
+    AsyncQueue,
+    CancelStatus,
+    CreateStatus,
+    JsonCodec,
+    NewMessage,
+    Queue,
+    RetryStatus,
+    SettleStatus,
+    TextCodec,
+)
+
+LOCK = timedelta(seconds=30)
+
+
+def test_channels_round_trip(dsn: str) -> None:
+    with Queue(dsn) as queue:
+        queue.channel_set("a", max_concurrency=2, release_interval=timedelta(milliseconds=250),
+                          max_size=10, max_attempts=3)
+        queue.send("a", b"x")
+        queue.send("b", b"y", delay=timedelta(hours=1))
+        stats = {s.channel: s for s in queue.channels()}
+        assert set(stats) == {"a", "b"}
+        a = stats["a"]
+        assert (a.max_concurrency, a.release_interval_ms, a.max_size, a.max_attempts) == (
+            2, 250, 10, 3)
+        assert (a.size, a.ready, a.scheduled, a.in_flight) == (1, 1, 0, 0)
+        assert (stats["b"].ready, stats["b"].scheduled, stats["b"].max_size) == (0, 1, None)
+        assert [s.channel for s in queue.channels("b")] == ["b"]
+        assert queue.channel_clear("a") is True
+        assert queue.channel_clear("a") is False
+        assert queue.channels("a")[0].max_concurrency is None
+
+
+def test_async_channels_round_trip(dsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(dsn) as queue:
+            await queue.channel_set("a", max_concurrency=1, max_attempts=2)
+            await queue.send("a", b"x")
+            [a] = await queue.channels("a")
+            assert (a.max_concurrency, a.max_attempts, a.size) == (1, 2, 1)
+            assert await queue.channel_clear("a") is True
+            assert (await queue.channels("a"))[0].max_concurrency is None
+    asyncio.run(scenario())
+
+
+def test_message_lifecycle(dsn: str) -> None:
+    with Queue(dsn, codec=JsonCodec()) as queue:
+        created = queue.send("t1", {"n": 1}, priority=5, dedup_key="k")
+        assert created.status is CreateStatus.CREATED and created.id is not None
+        again = queue.send("t1", {"n": 2}, dedup_key="k")
+        assert again.status is CreateStatus.DUPLICATE and again.id == created.id
+
+        [msg] = queue.dequeue(LOCK)
+        assert (msg.id, msg.channel, msg.content, msg.priority) == (created.id, "t1", {"n": 1}, 5)
+        assert (msg.num_attempts, msg.recovered, msg.state) == (1, False, None)
+        assert msg.dequeue_at.tzinfo is not None
+        assert queue.dequeue(LOCK) == []
+
+        assert msg.heartbeat(timedelta(minutes=5)) is SettleStatus.HEARTBEATED
+        assert msg.defer(state=b"half done") is SettleStatus.DEFERRED
+        assert msg.complete() is SettleStatus.STALE  # the lock went with the defer
+
+        [again_msg] = queue.dequeue(LOCK)
+        assert (again_msg.id, again_msg.num_attempts, again_msg.state) == (msg.id, 2, b"half done")
+        assert again_msg.complete() is SettleStatus.COMPLETED
+        assert again_msg.complete() is SettleStatus.NOT_FOUND
+        assert queue.channels() == []  # a channel without policy or messages disappears
+
+
+def test_async_message_lifecycle(dsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(dsn, codec=TextCodec()) as queue:
+            created = await queue.send("t1", "héllo", dedup_key="k")
+            assert created.status is CreateStatus.CREATED
+            assert (await queue.send("t1", "x", dedup_key="k")).id == created.id
+            [msg] = await queue.dequeue(LOCK)
+            assert (msg.id, msg.content, msg.num_attempts) == (created.id, "héllo", 1)
+            assert await msg.heartbeat(timedelta(minutes=1)) is SettleStatus.HEARTBEATED
+            assert await msg.defer(state=b"s") is SettleStatus.DEFERRED
+            [msg2] = await queue.dequeue(LOCK)
+            assert (msg2.num_attempts, msg2.state) == (2, b"s")
+            assert await msg.complete() is SettleStatus.STALE
+            assert await msg2.complete() is SettleStatus.COMPLETED
+            assert await queue.channels() == []
+    asyncio.run(scenario())
+
+
+def test_send_many_dequeue_batch_complete_batch(dsn: str) -> None:
+    future = datetime.now(timezone.utc) + timedelta(hours=1)
+    with Queue(dsn) as queue:
+        queue.channel_set("full", max_size=1)
+        results = queue.send_many([
+            NewMessage("a", b"1"), NewMessage("b", b"2"), NewMessage("a", b"3", dedup_key="d"),
+            NewMessage("a", b"4", dedup_key="d"), NewMessage("full", b"5"),
+            NewMessage("full", b"6"), NewMessage("c", b"7", dequeue_at=future),
+            NewMessage("c", b"8", delay=timedelta(hours=1)),
+        ])
+        assert [r.status for r in results] == [
+            CreateStatus.CREATED, CreateStatus.CREATED, CreateStatus.CREATED,
+            CreateStatus.DUPLICATE, CreateStatus.CREATED, CreateStatus.DROPPED,
+            CreateStatus.CREATED, CreateStatus.CREATED]
+        assert results[3].id == results[2].id and results[5].id is None
+        assert queue.send_many([]) == []
+
+        batch = queue.dequeue(LOCK, 10)
+        # Fair: the first three deliveries come from three distinct channels.
+        assert len({m.channel for m in batch[:3]}) == 3
+        assert sorted(m.raw for m in batch) == [b"1", b"2", b"3", b"5"]
+        assert queue.channels("c")[0].scheduled == 2  # the future messages wait
+
+        outcome = queue.complete_batch([*batch, batch[0]])
+        assert [r.status for r in outcome[:4]] == [SettleStatus.COMPLETED] * 4
+        assert outcome[4].status is SettleStatus.NOT_FOUND
+
+
+def test_async_send_many_and_complete_batch(dsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(dsn) as queue:
+            results = await queue.send_many([NewMessage("a", b"1"), NewMessage("b", b"2")])
+            assert [r.status for r in results] == [CreateStatus.CREATED] * 2
+            batch = await queue.dequeue(LOCK, 5)
+            assert sorted(m.raw for m in batch) == [b"1", b"2"]
+            done = await queue.complete_batch(batch)
+            assert [r.status for r in done] == [SettleStatus.COMPLETED] * 2
+    asyncio.run(scenario())
+
+
+def test_fail_dead_letters_retry_and_cancel(dsn: str) -> None:
+    with Queue(dsn) as queue:
+        sent = queue.send("a", b"poison")
+        waiting = queue.send("a", b"later", delay=timedelta(hours=1))
+        [msg] = queue.dequeue(LOCK)
+        assert queue.cancel(msg.id) is CancelStatus.LOCKED
+        assert msg.fail("boom") is SettleStatus.DEAD
+        [dead] = queue.dead_letters()
+        assert (dead.id, dead.channel, dead.content, dead.num_attempts, dead.error) == (
+            sent.id, "a", b"poison", 1, "boom")
+        assert queue.dead_letters("other") == []
+        assert queue.dead_letter_retry(dead.id) is RetryStatus.REQUEUED
+        assert queue.dead_letter_retry(dead.id) is RetryStatus.NOT_FOUND
+        [back] = queue.dequeue(LOCK)
+        assert (back.id, back.num_attempts) == (sent.id, 1)  # attempts start over
+
+        assert waiting.id is not None
+        assert queue.cancel(waiting.id) is CancelStatus.CANCELLED
+        assert queue.cancel(waiting.id) is CancelStatus.NOT_FOUND
+
+
+def test_async_fail_dead_letters_retry_and_cancel(dsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(dsn) as queue:
+            sent = await queue.send("a", b"x")
+            other = await queue.send("a", b"y", delay=timedelta(hours=1))
+            [msg] = await queue.dequeue(LOCK)
+            assert await queue.cancel(msg.id) is CancelStatus.LOCKED
+            assert await msg.fail("boom") is SettleStatus.DEAD
+            [dead] = await queue.dead_letters()
+            assert (dead.id, dead.error) == (sent.id, "boom")
+            assert await queue.dead_letter_retry(dead.id) is RetryStatus.REQUEUED
+            assert other.id is not None
+            assert await queue.cancel(other.id) is CancelStatus.CANCELLED
+    asyncio.run(scenario())
+
+
+def _history_on(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        dbname = conn.info.dbname
+        conn.execute(f'ALTER DATABASE "{dbname}" SET fairq.history = on')  # type: ignore[arg-type]
+
+
+def test_history_and_prune(dsn: str) -> None:
+    _history_on(dsn)
+    with Queue(dsn) as queue:
+        queue.send("a", b"1")
+        queue.send("a", b"2")
+        first, second = queue.dequeue(LOCK, 2)
+        first.complete()
+        second.fail("no")
+        records = queue.history()
+        assert [(r.id, r.outcome, r.num_attempts) for r in records] == [
+            (first.id, "completed", 1), (second.id, "dead", 1)]
+        assert records[0].first_dequeued_at is not None
+        assert queue.history("b") == []
+        assert queue.history_prune(records[0].settled_at) == 0
+        assert queue.history_prune(datetime.now(timezone.utc) + timedelta(seconds=1)) == 2
+        assert queue.history() == []
+
+
+def test_async_history_and_prune(dsn: str) -> None:
+    _history_on(dsn)
+
+    async def scenario() -> None:
+        async with AsyncQueue(dsn) as queue:
+            await queue.send("a", b"1")
+            [msg] = await queue.dequeue(LOCK)
+            await msg.complete()
+            [record] = await queue.history()
+            assert (record.id, record.outcome) == (msg.id, "completed")
+            later = datetime.now(timezone.utc) + timedelta(seconds=1)
+            assert await queue.history_prune(later) == 1
+    asyncio.run(scenario())
+
+
+def test_transactional_send_rolls_back_with_caller(dsn: str) -> None:
+    with Queue(dsn) as queue, psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE orders (id int)")
+        conn.commit()
+        with pytest.raises(RuntimeError), conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (1)")
+            queue.send("orders", b"ship 1", conn=conn)
+            raise RuntimeError("business failure")
+        assert queue.channels() == []
+        with conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (2)")
+            queue.send("orders", b"ship 2", conn=conn)
+            assert queue.channels() == []  # not visible before the caller commits
+        [msg] = queue.dequeue(LOCK)
+        assert msg.raw == b"ship 2"
+
+
+def test_async_transactional_send_rolls_back_with_caller(dsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(dsn) as queue, await psycopg.AsyncConnection.connect(dsn) as conn:
+            with pytest.raises(RuntimeError):
+                async with conn.transaction():
+                    await queue.send("a", b"no", conn=conn)
+                    raise RuntimeError("business failure")
+            async with conn.transaction():
+                await queue.send("a", b"yes", conn=conn)
+            [msg] = await queue.dequeue(LOCK)
+            assert msg.raw == b"yes"
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_queue_on_a_connection(dsn: str, autocommit: bool) -> None:
+    with psycopg.connect(dsn, autocommit=autocommit) as conn:
+        queue = Queue(conn)
+        queue.send("a", b"1")
+        [msg] = queue.dequeue(LOCK)
+        # Committed: another session sees the lock.
+        with Queue(dsn) as other:
+            assert other.channels("a")[0].in_flight == 1
+        assert msg.complete() is SettleStatus.COMPLETED
+        assert queue.conninfo is not None and "dbname" in queue.conninfo
+
+
+def test_queue_on_pools(dsn: str) -> None:
+    with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+        queue: Queue[Any] = Queue(pool, codec=JsonCodec())
+        queue.send("a", [1, 2])
+        [msg] = queue.dequeue(LOCK)
+        assert msg.content == [1, 2]
+        assert msg.complete() is SettleStatus.COMPLETED
+
+    async def scenario() -> None:
+        async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as apool, \
+                await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            for source in (apool, aconn):
+                aqueue = AsyncQueue(source, codec=JsonCodec())
+                await aqueue.send("a", {"k": "v"})
+                [amsg] = await aqueue.dequeue(LOCK)
+                assert amsg.content == {"k": "v"}
+                assert await amsg.complete() is SettleStatus.COMPLETED
+    asyncio.run(scenario())
+
+
+def test_invalid_arguments_raise_with_sqlstate(dsn: str) -> None:
+    with Queue(dsn) as queue:
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="p_channel"):
+            queue.send("", b"x")
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="p_max_messages"):
+            queue.dequeue(LOCK, 0)
+
+
+def test_undecodable_content_reaches_the_receiver(dsn: str) -> None:
+    with Queue(dsn) as raw_queue, Queue(dsn, codec=JsonCodec()) as queue:
+        raw_queue.send("a", b"\xff not json")
+        raw_queue.send("b", b"[1]")
+        first, second = sorted(queue.dequeue(LOCK, 2), key=lambda m: m.channel)
+        assert second.content == [1]
+        with pytest.raises(ValueError):
+            _ = first.content
+        assert first.fail("undecodable") is SettleStatus.DEAD

@@ -1,0 +1,241 @@
+"""fairq.Worker against a real database: in a thread, and as a `fairq worker` process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from fairq import Backoff, CreateStatus, Message, NewMessage, Queue, SettleStatus, Worker
+
+TESTS = Path(__file__).parent
+FAIRQ = Path(sys.executable).parent / "fairq"
+FAST = {"poll_interval": timedelta(milliseconds=200), "grace_period": timedelta(seconds=5)}
+
+
+def eventually(condition: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """Polls until ``condition()`` is truthy, returning it; fails after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+    return result
+
+
+@contextmanager
+def running(worker: Worker[Any]) -> Iterator[None]:
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        yield
+    finally:
+        worker.stop()
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+@pytest.fixture
+def queue(dsn: str) -> Iterator[Queue[bytes]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{conn.info.dbname}" SET fairq.history = on')  # type: ignore[arg-type]
+    with Queue(dsn) as q:
+        yield q
+
+
+def completions(dsn: str) -> list[tuple[int, int]]:
+    """(id, num_attempts) of every completion, from fairq.message_history."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT id, num_attempts FROM fairq.message_history"
+                            " WHERE outcome = 'completed' ORDER BY id").fetchall()
+    return [(int(i), int(n)) for i, n in rows]
+
+
+def test_heartbeat_keeps_a_short_lock_through_a_long_handler(queue: Queue[bytes],
+                                                              dsn: str) -> None:
+    sent = queue.send("long", b"job")
+    attempts: list[int] = []
+
+    def handler(message: Message[bytes]) -> None:
+        attempts.append(message.num_attempts)
+        time.sleep(3)
+
+    worker = Worker(queue, handler, lock=timedelta(seconds=1), **FAST)
+    with running(worker), Queue(dsn) as thief:
+        eventually(lambda: attempts)
+        # Three lock lengths: had the lock lapsed, this consumer would get the message.
+        while len(completions(dsn)) == 0:
+            assert thief.dequeue(timedelta(seconds=10)) == []
+            time.sleep(0.2)
+    assert attempts == [1]
+    assert completions(dsn) == [(sent.id, 1)]
+
+
+def test_failures_back_off_then_give_up(queue: Queue[bytes]) -> None:
+    sent = queue.send("flaky", b"job")
+    calls: list[tuple[int, float]] = []
+
+    def handler(message: Message[bytes]) -> None:
+        calls.append((message.num_attempts, time.monotonic()))
+        raise ValueError("nope")
+
+    backoff = Backoff(base=timedelta(milliseconds=200), cap=timedelta(seconds=1))
+    worker = Worker(queue, handler, max_attempts=3, backoff=backoff, **FAST)
+    with running(worker):
+        [dead] = eventually(queue.dead_letters)
+    assert (dead.id, dead.num_attempts, dead.error) == (sent.id, 3, "ValueError: nope")
+    assert [n for n, _ in calls] == [1, 2, 3]
+    # Equal jitter: at least half the doubling delay (0.2 s, then 0.4 s) passes.
+    assert calls[1][1] - calls[0][1] >= 0.1
+    assert calls[2][1] - calls[1][1] >= 0.2
+
+
+def test_a_transient_failure_is_retried_and_completed(queue: Queue[bytes], dsn: str) -> None:
+    sent = queue.send("flaky", b"job")
+
+    def handler(message: Message[bytes]) -> None:
+        if message.num_attempts == 1:
+            raise ConnectionError("try again")
+
+    backoff = Backoff(base=timedelta(milliseconds=50))
+    with running(Worker(queue, handler, backoff=backoff, **FAST)):
+        eventually(lambda: completions(dsn))
+    assert completions(dsn) == [(sent.id, 2)]
+    assert queue.dead_letters() == []
+
+
+def test_a_stale_message_is_not_completed(queue: Queue[bytes], dsn: str,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    sent = queue.send("s", b"job")
+    handled = threading.Event()
+
+    def handler(message: Message[bytes]) -> None:
+        # Someone else takes the message away mid-handler (as an expired lock would).
+        with Queue(dsn) as other:
+            assert other.defer(message, delay=timedelta(hours=1)) is SettleStatus.DEFERRED
+        handled.set()
+
+    with caplog.at_level(logging.WARNING, logger="fairq.worker"), \
+            running(Worker(queue, handler, **FAST)):
+        eventually(handled.is_set)
+        eventually(lambda: "lock lost" in caplog.text)
+    assert completions(dsn) == []
+    [stats] = queue.channels("s")
+    assert (stats.scheduled, stats.in_flight) == (1, 0)
+    assert sent.id is not None
+
+
+def test_concurrency_runs_handlers_in_parallel(queue: Queue[bytes], dsn: str) -> None:
+    queue.send_many([NewMessage(f"c{i}", b"job") for i in range(4)])
+    running_now: list[int] = []
+    peak = [0]
+    guard = threading.Lock()
+
+    def handler(message: Message[bytes]) -> None:
+        with guard:
+            running_now.append(message.id)
+            peak[0] = max(peak[0], len(running_now))
+        time.sleep(0.3)
+        with guard:
+            running_now.remove(message.id)
+
+    with running(Worker(queue, handler, concurrency=4, **FAST)):
+        eventually(lambda: len(completions(dsn)) == 4)
+    assert peak[0] == 4
+
+
+def test_periodic_schedule_enqueues_work_each_tick(queue: Queue[bytes], dsn: str) -> None:
+    interval = timedelta(milliseconds=300)
+    first = queue.schedule_periodic("report", interval, "reports", b"make report")
+    assert first.status is CreateStatus.CREATED
+    again = queue.schedule_periodic("report", interval, "reports", b"other")
+    assert (again.status, again.id) == (CreateStatus.DUPLICATE, first.id)
+
+    # A worker that took the driver and crashed: the schedule survives its lock.
+    [driver] = queue.dequeue(timedelta(milliseconds=300))
+    assert driver.channel == "fairq.periodic"
+
+    work: list[bytes] = []
+    with running(Worker(queue, lambda m: work.append(m.content), **FAST)):
+        eventually(lambda: len(work) >= 3)
+    assert set(work) == {b"make report"}
+    [stats] = queue.channels("fairq.periodic")
+    assert stats.size == 1  # the driver never completes
+
+
+def _worker_process(dsn: str, marks: Path, *options: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "FAIRQ_TEST_MARKS": str(marks)}
+    return subprocess.Popen([str(FAIRQ), "--dsn", dsn, "worker", "worker_handlers:slow",
+                             "--poll", "0.2", *options], env=env)
+
+
+def _marks(marks: Path, kind: str) -> set[int]:
+    return {int(p.name.split("-")[1]) for p in marks.glob(f"{kind}-*")}
+
+
+def test_sigterm_finishes_in_flight_work_and_loses_nothing(queue: Queue[bytes], dsn: str,
+                                                          tmp_path: Path) -> None:
+    sent = queue.send_many([NewMessage(f"t{i}", b"0.5") for i in range(5)])
+    ids = {r.id for r in sent}
+    proc = _worker_process(dsn, tmp_path, "--concurrency", "2", "--lock", "1", "--grace", "5")
+    try:
+        eventually(lambda: len(_marks(tmp_path, "started")) >= 2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+    done = completions(dsn)
+    completed = {i for i, _ in done}
+    assert len(done) == len(completed)  # each completed once
+    assert _marks(tmp_path, "started") <= completed  # in-flight work finished in grace
+    left = queue.dequeue(timedelta(seconds=30), 10)
+    assert {m.id for m in left} == ids - completed  # the rest is back in the queue
+    assert all(m.num_attempts == 1 and not m.recovered for m in left)
+
+
+def test_sigterm_hands_back_work_that_outlives_the_grace_period(queue: Queue[bytes], dsn: str,
+                                                               tmp_path: Path) -> None:
+    sent = queue.send("t", b"60")
+    proc = _worker_process(dsn, tmp_path, "--lock", "30", "--grace", "0.3")
+    try:
+        eventually(lambda: _marks(tmp_path, "started"))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+    # Back at once (deferred, not waiting 30 s for the lock), its attempt counted.
+    [msg] = queue.dequeue(timedelta(seconds=30))
+    assert (msg.id, msg.num_attempts, msg.recovered) == (sent.id, 2, False)
+    assert completions(dsn) == []
+
+
+def test_sigkill_message_returns_after_its_lock_and_completes_once(queue: Queue[bytes],
+                                                                  dsn: str,
+                                                                  tmp_path: Path) -> None:
+    sent = queue.send("k", b"60")
+    proc = _worker_process(dsn, tmp_path, "--lock", "1")
+    try:
+        eventually(lambda: _marks(tmp_path, "started"))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    assert queue.channels("k")[0].in_flight == 1  # still locked by the dead worker
+
+    seen: list[tuple[int, bool]] = []
+    worker = Worker(queue, lambda m: seen.append((m.num_attempts, m.recovered)), **FAST)
+    with running(worker):
+        eventually(lambda: completions(dsn), timeout=5)
+    assert seen == [(2, True)]
+    assert completions(dsn) == [(sent.id, 2)]
