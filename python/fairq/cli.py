@@ -1,0 +1,220 @@
+"""The ``fairq`` command line.
+
+Exit codes: 0 success, 1 the operation failed (database error, refused install, a
+message not found), 2 usage error (and commands not implemented yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from fairq import __version__
+from fairq.codecs import BytesCodec, Codec, JsonCodec, TextCodec
+from fairq.install import InstallError, Scripts, install, upgrade
+from fairq.queue import Queue
+from fairq.types import ChannelStats, RetryStatus
+from fairq.worker import Worker
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+CODECS: dict[str, Callable[[], Codec[Any]]] = {
+    "bytes": BytesCodec, "text": TextCodec, "json": JsonCodec}
+
+
+class _Failed(Exception):
+    """The command ran but did not achieve what was asked (exit code 1)."""
+
+
+def _seconds(text: str) -> timedelta:
+    return timedelta(seconds=float(text))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fairq", description="Fair, multi-tenant, durable message queue in PostgreSQL.")
+    parser.add_argument("--version", action="version", version=f"fairq {__version__}")
+    parser.add_argument("--dsn", default=os.environ.get("DATABASE_URL"),
+                        help="PostgreSQL conninfo or URL (default: $DATABASE_URL)")
+    # --dsn is accepted after the subcommand too (`fairq install --dsn URL`); SUPPRESS
+    # keeps a subcommand from overwriting the global value when it is not given there.
+    dsn_option = argparse.ArgumentParser(add_help=False)
+    dsn_option.add_argument("--dsn", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def leaf(group: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+             summary: str) -> argparse.ArgumentParser:
+        return group.add_parser(name, parents=[dsn_option], help=summary)
+
+    scripts_help = "directory holding fairq.control and the scripts (default: bundled)"
+    sub = leaf(commands, "install", "install fairq as a plain schema (no extension)")
+    sub.add_argument("--scripts", type=Path, help=scripts_help)
+    sub = leaf(commands, "upgrade", "upgrade a `fairq install` to the current version")
+    sub.add_argument("--scripts", type=Path, help=scripts_help)
+    sub.add_argument("--to", dest="target", help="target version (default: current)")
+
+    channel = commands.add_parser("channel", help="channel policies").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    sub = leaf(channel, "set", "set a channel's policy (omitted limits: unlimited)")
+    sub.add_argument("channel")
+    sub.add_argument("--max-concurrency", type=int)
+    sub.add_argument("--release-interval-ms", type=int, default=0)
+    sub.add_argument("--max-size", type=int)
+    sub.add_argument("--max-attempts", type=int)
+    sub = leaf(channel, "clear", "forget a channel's policy")
+    sub.add_argument("channel")
+    leaf(channel, "list", "channels and their policies")
+
+    sub = leaf(commands, "send", "create a message")
+    sub.add_argument("channel")
+    sub.add_argument("content", help="the content as text; - reads bytes from stdin")
+    sub.add_argument("--delay", type=_seconds, help="seconds until it is due")
+    sub.add_argument("--priority", type=int, default=0)
+    sub.add_argument("--dedup-key")
+
+    leaf(commands, "stats", "channels: size, ready, scheduled, in flight, limits")
+
+    dead = commands.add_parser("dead", help="dead letters").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    sub = leaf(dead, "list", "list dead letters, oldest first")
+    sub.add_argument("--channel")
+    sub.add_argument("--limit", type=int, default=100)
+    sub = leaf(dead, "retry", "put dead letters back on their channels")
+    sub.add_argument("ids", type=int, nargs="+", metavar="ID")
+
+    sub = leaf(commands, "worker", "run a handler over the queue's messages")
+    sub.add_argument("handler", metavar="MODULE:FUNCTION",
+                     help="a function taking a fairq.Message (the module is imported from "
+                          "the current directory or PYTHONPATH)")
+    sub.add_argument("--concurrency", type=int, default=1)
+    sub.add_argument("--codec", choices=sorted(CODECS), default="bytes")
+    sub.add_argument("--lock", type=_seconds, default=timedelta(seconds=30),
+                     help="seconds a message stays locked between heartbeats' extensions")
+    sub.add_argument("--max-attempts", type=int, default=5)
+    sub.add_argument("--grace", type=_seconds, default=timedelta(seconds=30),
+                     help="seconds in-flight handlers get to finish on SIGTERM")
+    sub.add_argument("--poll", type=_seconds, default=timedelta(seconds=5),
+                     help="seconds between polls when no notification arrives")
+
+    commands.add_parser("bench", help="benchmark (not implemented yet)")
+    commands.add_parser("demo", help="demonstration (not implemented yet)")
+    return parser
+
+
+def _format_limits(stats: ChannelStats) -> str:
+    limits = [f"{name}={value}" for name, value in (
+        ("concurrency", stats.max_concurrency), ("interval_ms", stats.release_interval_ms or None),
+        ("size", stats.max_size), ("attempts", stats.max_attempts)) if value is not None]
+    return " ".join(limits) or "-"
+
+
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [[str(c) for c in header], *[["-" if c is None else str(c) for c in r] for r in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        padded = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        print("  ".join(padded).rstrip())
+
+
+def _load_handler(spec: str) -> Callable[[Any], None]:
+    module_name, _, function_name = spec.partition(":")
+    if not module_name or not function_name:
+        raise argparse.ArgumentTypeError(f"expected MODULE:FUNCTION, got {spec!r}")
+    # Like `python -m`, let the current directory's modules be found.
+    sys.path.insert(0, os.getcwd())
+    handler = getattr(importlib.import_module(module_name), function_name)
+    if not callable(handler):
+        raise argparse.ArgumentTypeError(f"{spec} is not callable")
+    return handler  # type: ignore[no-any-return]
+
+
+def _run(args: argparse.Namespace) -> None:
+    if args.command in ("bench", "demo"):
+        print(f"fairq {args.command}: not implemented yet", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+    if args.command in ("install", "upgrade"):
+        scripts = Scripts(args.scripts) if args.scripts else None
+        with psycopg.connect(args.dsn) as conn:
+            if args.command == "install":
+                print(f"fairq {install(conn, scripts)} installed in schema fairq")
+            else:
+                applied = upgrade(conn, scripts, args.target)
+                print("\n".join(f"applied {p.name}" for p in applied) or "already up to date")
+        return
+
+    if args.command == "worker":
+        handler = _load_handler(args.handler)
+        codec = CODECS[args.codec]()
+        # Every handler thread, the dequeue loop and the heartbeats may hold a connection.
+        with Queue(args.dsn, codec=codec, pool_size=args.concurrency + 2) as wqueue:
+            logging.basicConfig(level=logging.INFO,
+                                format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            Worker(wqueue, handler, concurrency=args.concurrency, lock=args.lock,
+                   max_attempts=args.max_attempts, grace_period=args.grace,
+                   poll_interval=args.poll).run()
+        return
+
+    # One-shot commands: one connection, so that an unreachable database fails at once.
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        queue = Queue(conn)
+        if args.command == "channel" and args.action == "set":
+            queue.channel_set(args.channel, max_concurrency=args.max_concurrency,
+                              release_interval=timedelta(milliseconds=args.release_interval_ms),
+                              max_size=args.max_size, max_attempts=args.max_attempts)
+            print(f"channel {args.channel}: policy set")
+        elif args.command == "channel" and args.action == "clear":
+            had = queue.channel_clear(args.channel)
+            print(f"channel {args.channel}: " + ("policy cleared" if had else "had no policy"))
+        elif args.command == "channel":
+            _print_table(["channel", "limits"],
+                         [(s.channel, _format_limits(s)) for s in queue.channels()])
+        elif args.command == "send":
+            content = sys.stdin.buffer.read() if args.content == "-" else args.content.encode()
+            result = queue.send(args.channel, content, delay=args.delay, priority=args.priority,
+                                dedup_key=args.dedup_key)
+            print(f"{result.status.value} {result.id if result.id is not None else '-'}")
+        elif args.command == "stats":
+            _print_table(
+                ["channel", "size", "ready", "scheduled", "in_flight", "limits", "next_turn"],
+                [(s.channel, s.size, s.ready, s.scheduled, s.in_flight, _format_limits(s),
+                  s.next_dequeue_at.isoformat() if s.next_dequeue_at else None)
+                 for s in queue.channels()])
+        elif args.command == "dead" and args.action == "list":
+            _print_table(["id", "channel", "attempts", "died_at", "error"],
+                         [(d.id, d.channel, d.num_attempts, d.died_at.isoformat(), d.error)
+                          for d in queue.dead_letters(args.channel, limit=args.limit)])
+        elif args.command == "dead":
+            missing = []
+            for message_id in args.ids:
+                status = queue.dead_letter_retry(message_id)
+                print(f"{message_id} {status.value}")
+                if status is not RetryStatus.REQUEUED:
+                    missing.append(message_id)
+            if missing:
+                raise _Failed(f"no dead letter with id {', '.join(map(str, missing))}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not args.dsn and args.command not in ("bench", "demo"):
+        parser.error("no database: pass --dsn or set DATABASE_URL")
+    try:
+        _run(args)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    except (psycopg.Error, InstallError, _Failed) as exc:
+        print(f"fairq {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK

@@ -1,0 +1,149 @@
+"""``fairq install`` / ``fairq upgrade``: the extension's SQL as a plain schema.
+
+For databases where ``CREATE EXTENSION`` of a custom extension is impossible
+(managed services), the very scripts the extension ships are run as they are: the
+install script of the current version, then the upgrade scripts ``fairq--A--B.sql``
+in the order PostgreSQL itself would follow. Only the ``\\echo ... \\quit`` guard
+(which stops psql from running a script by accident) is removed. The installed
+version is kept in ``fairq.installed_version``, created here, since there is no
+``pg_extension`` row to hold it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+__all__ = ["InstallError", "Scripts", "install", "installed_version", "upgrade"]
+
+_GUARD = re.compile(r"^\\echo .*\\quit\s*$", re.MULTILINE)
+_UPGRADE = re.compile(r"^fairq--(?P<source>[^-]+)--(?P<target>[^-]+)\.sql$")
+Connection = psycopg.Connection[Any]
+
+
+class InstallError(Exception):
+    """The database is not in a state this command can act on; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class Scripts:
+    """A directory laid out like the extension's: ``fairq.control`` and scripts."""
+
+    directory: Path
+
+    @classmethod
+    def bundled(cls) -> Scripts:
+        """The scripts inside the wheel, or the repository's extension/ in a checkout."""
+        packaged = Path(__file__).parent / "extension"
+        if packaged.is_dir():
+            return cls(packaged)
+        return cls(Path(__file__).resolve().parents[2] / "extension")
+
+    @property
+    def default_version(self) -> str:
+        control = (self.directory / "fairq.control").read_text()
+        found = re.search(r"^default_version\s*=\s*'([^']+)'", control, re.MULTILINE)
+        if found is None:
+            raise InstallError(f"no default_version in {self.directory / 'fairq.control'}")
+        return found.group(1)
+
+    def install_script(self, version: str) -> Path:
+        return self.directory / f"fairq--{version}.sql"
+
+    def upgrade_path(self, source: str, target: str) -> list[Path]:
+        """The shortest chain of upgrade scripts from ``source`` to ``target``."""
+        steps: dict[str, list[tuple[str, Path]]] = {}
+        for path in sorted(self.directory.glob("fairq--*--*.sql")):
+            match = _UPGRADE.match(path.name)
+            if match:
+                steps.setdefault(match["source"], []).append((match["target"], path))
+        paths: dict[str, list[Path]] = {source: []}
+        todo = deque([source])
+        while todo:
+            version = todo.popleft()
+            for following, script in steps.get(version, []):
+                if following not in paths:
+                    paths[following] = [*paths[version], script]
+                    todo.append(following)
+        if target not in paths:
+            raise InstallError(f"no upgrade path from {source} to {target} in {self.directory}")
+        return paths[target]
+
+
+def _run_script(conn: Connection, path: Path) -> None:
+    sql = _GUARD.sub("", path.read_text()).replace("@extschema@", "fairq")
+    # No parameters: psycopg sends the script as one simple query, many statements.
+    conn.execute(sql.encode())
+
+
+def _extension_version(conn: Connection) -> str | None:
+    row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'fairq'").fetchone()
+    return None if row is None else str(row[0])
+
+
+def installed_version(conn: Connection) -> str | None:
+    """The version ``fairq install`` put in this database, or None."""
+    row = conn.execute("SELECT to_regclass('fairq.installed_version') IS NOT NULL").fetchone()
+    if row is None or not row[0]:
+        return None
+    version = conn.execute("SELECT version FROM fairq.installed_version").fetchone()
+    return None if version is None else str(version[0])
+
+
+def _refuse_extension(conn: Connection) -> None:
+    extension = _extension_version(conn)
+    if extension is not None:
+        raise InstallError(f"this database has the fairq extension (version {extension}) "
+                           "installed; upgrade it with ALTER EXTENSION fairq UPDATE")
+
+
+def install(conn: Connection, scripts: Scripts | None = None) -> str:
+    """Installs the current version as schema ``fairq``, in one transaction."""
+    scripts = scripts or Scripts.bundled()
+    version = scripts.default_version
+    with conn.transaction():
+        _refuse_extension(conn)
+        existing = installed_version(conn)
+        if existing is not None:
+            raise InstallError(f"fairq {existing} is already installed; "
+                               "use `fairq upgrade` to move to a newer version")
+        if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'fairq'").fetchone():
+            raise InstallError("schema fairq already exists but was not installed by fairq; "
+                               "drop it or install into another database")
+        conn.execute("CREATE SCHEMA fairq")
+        _run_script(conn, scripts.install_script(version))
+        conn.execute("""
+            CREATE TABLE fairq.installed_version (
+                singleton    boolean     NOT NULL DEFAULT true PRIMARY KEY CHECK (singleton),
+                version      text        NOT NULL,
+                installed_at timestamptz NOT NULL DEFAULT now()
+            )""")
+        conn.execute("INSERT INTO fairq.installed_version (version) VALUES (%s)", (version,))
+    return version
+
+
+def upgrade(conn: Connection, scripts: Scripts | None = None,
+            target: str | None = None) -> list[Path]:
+    """Applies the upgrade scripts up to ``target`` (default: the current version) in
+    one transaction; returns the scripts run (none when already there)."""
+    scripts = scripts or Scripts.bundled()
+    target = target or scripts.default_version
+    with conn.transaction():
+        _refuse_extension(conn)
+        if installed_version(conn) is None:
+            raise InstallError("fairq is not installed in this database; run `fairq install`")
+        # FOR UPDATE serialises concurrent upgrades: the second one reads the new version.
+        row = conn.execute("SELECT version FROM fairq.installed_version FOR UPDATE").fetchone()
+        assert row is not None
+        current = str(row[0])
+        path = scripts.upgrade_path(current, target)
+        for script in path:
+            _run_script(conn, script)
+        conn.execute("UPDATE fairq.installed_version SET version = %s, installed_at = now()",
+                     (target,))
+    return path

@@ -1,0 +1,177 @@
+"""`fairq install` / `fairq upgrade`: the extension's SQL as a plain schema.
+
+After installing into a database without the extension, a representative run of
+the SPEC §2 contract shows that the plain schema behaves like the extension.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from conftest import Server
+from fairq import CreateStatus, NewMessage, Queue, RetryStatus, SettleStatus
+from fairq.install import InstallError, Scripts, install, installed_version, upgrade
+
+LOCK = timedelta(seconds=30)
+CURRENT = Scripts.bundled().default_version
+_names = itertools.count()
+
+
+@pytest.fixture
+def plain_dsn(server: Server) -> Iterator[str]:
+    """A fresh database WITHOUT the fairq extension."""
+    name = f"fairq_plain_{os.getpid()}_{next(_names)}"
+    server.admin(f'CREATE DATABASE "{name}"')
+    try:
+        yield server.dsn(name)
+    finally:
+        server.drop_database(name)
+
+
+def _installed(dsn: str, scripts: Scripts | None = None) -> str:
+    with psycopg.connect(dsn) as conn:
+        return install(conn, scripts)
+
+
+def upgrade_dir(tmp_path: Path, chain: list[str]) -> Scripts:
+    """The current scripts plus fake upgrades along ``chain`` (each adds a function)."""
+    directory = tmp_path / "extension"
+    shutil.copytree(Scripts.bundled().directory, directory)
+    control = directory / "fairq.control"
+    control.write_text(control.read_text().replace(f"'{CURRENT}'", f"'{chain[-1]}'"))
+    for source, target in zip([CURRENT, *chain], chain, strict=False):
+        suffix = target.replace(".", "_")
+        (directory / f"fairq--{source}--{target}.sql").write_text(
+            '\\echo Use "ALTER EXTENSION fairq UPDATE" to load this file. \\quit\n'
+            f"CREATE FUNCTION fairq.v{suffix}() RETURNS text LANGUAGE sql"
+            f" AS $$ SELECT '{target}' $$;\n")
+    return Scripts(directory)
+
+
+def test_install_creates_the_schema_and_records_the_version(plain_dsn: str) -> None:
+    assert _installed(plain_dsn) == CURRENT
+    with psycopg.connect(plain_dsn) as conn:
+        assert installed_version(conn) == CURRENT
+        assert conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'fairq'"
+                            ).fetchone() == (0,)
+        # The same objects as the extension: every SPEC function is there.
+        functions = {r[0] for r in conn.execute(
+            "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = 'fairq'")}
+    assert {"channel_set", "channel_clear", "message_create", "message_create_batch",
+            "message_dequeue", "message_complete", "message_complete_batch", "message_defer",
+            "message_heartbeat", "message_fail", "message_cancel", "dead_letter_retry",
+            "history_prune", "grant_producer", "grant_worker", "grant_observer"} <= functions
+
+
+def test_installed_schema_keeps_the_queue_contract(plain_dsn: str) -> None:
+    _installed(plain_dsn)
+    with Queue(plain_dsn) as queue:
+        queue.channel_set("limited", max_attempts=1)
+        queue.send_many([NewMessage(ch, f"{ch}{i}".encode())
+                         for ch in ("a", "b", "c") for i in range(3)])
+        # Fairness: any three consecutive deliveries come from three channels.
+        batch = queue.dequeue(LOCK, 9)
+        assert [m.channel for m in batch] == [batch[0].channel, batch[1].channel,
+                                             batch[2].channel] * 3
+        assert len({m.channel for m in batch[:3]}) == 3
+        assert all(r.status is SettleStatus.COMPLETED for r in queue.complete_batch(batch[1:]))
+
+        assert batch[0].defer(delay=timedelta(hours=1)) is SettleStatus.DEFERRED
+        assert queue.dequeue(LOCK) == []  # a future message waits
+        assert queue.channels(batch[0].channel)[0].scheduled == 1
+
+        queue.send("limited", b"poison")
+        [poison] = queue.dequeue(LOCK)
+        assert poison.fail("bad") is SettleStatus.DEAD
+        [dead] = queue.dead_letters()
+        assert (dead.id, dead.error) == (poison.id, "bad")
+        assert queue.dead_letter_retry(dead.id) is RetryStatus.REQUEUED
+        [again] = queue.dequeue(LOCK)
+        assert (again.id, again.num_attempts) == (poison.id, 1)
+        assert again.complete() is SettleStatus.COMPLETED
+    with psycopg.connect(plain_dsn) as conn:
+        assert conn.execute("SELECT * FROM fairq.check()").fetchall() == []
+
+
+def test_installed_grants_give_each_role_what_it_needs(plain_dsn: str, server: Server) -> None:
+    _installed(plain_dsn)
+    roles = {kind: f"fairq_{kind}_{next(_names)}" for kind in ("producer", "worker", "observer")}
+    for role in roles.values():
+        server.admin(f'CREATE ROLE "{role}"')
+    try:
+        with psycopg.connect(plain_dsn, autocommit=True) as conn:
+            for kind, role in roles.items():
+                conn.execute(f"SELECT fairq.grant_{kind}(%s)", (role,))  # type: ignore[arg-type]
+            _act_as(conn, roles["producer"])
+            assert Queue(conn).send("p", b"secret").status is CreateStatus.CREATED
+            for forbidden in ("SELECT * FROM fairq.message_dequeue(1000)",
+                              "SELECT content FROM fairq.message",
+                              "SELECT * FROM fairq.channels"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(forbidden)  # type: ignore[arg-type]
+            _act_as(conn, roles["observer"])
+            assert [s.size for s in Queue(conn).channels()] == [1]
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT * FROM fairq.message_dequeue(1000)")
+            _act_as(conn, roles["worker"])
+            [msg] = Queue(conn).dequeue(LOCK)
+            assert (msg.raw, msg.complete()) == (b"secret", SettleStatus.COMPLETED)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT fairq.message_create('p', 'x')")
+            conn.execute("RESET ROLE")
+            conn.execute("DROP OWNED BY " + ", ".join(f'"{r}"' for r in roles.values()))  # type: ignore[arg-type]
+    finally:
+        for role in roles.values():
+            server.admin(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def _act_as(conn: psycopg.Connection[Any], role: str) -> None:
+    conn.execute("RESET ROLE")
+    conn.execute(f'SET ROLE "{role}"')  # type: ignore[arg-type]
+
+
+def test_install_refuses_a_database_with_the_extension(dsn: str) -> None:
+    with pytest.raises(InstallError, match="extension"):
+        _installed(dsn)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT to_regclass('fairq.installed_version')").fetchone() == (None,)
+
+
+def test_install_refuses_to_run_twice(plain_dsn: str) -> None:
+    _installed(plain_dsn)
+    with pytest.raises(InstallError, match="already installed"):
+        _installed(plain_dsn)
+
+
+def test_upgrade_applies_scripts_in_order(plain_dsn: str, tmp_path: Path) -> None:
+    _installed(plain_dsn)
+    scripts = upgrade_dir(tmp_path, ["0.1.1", "0.2.0"])
+    with psycopg.connect(plain_dsn) as conn:
+        applied = upgrade(conn, scripts)
+        assert [p.name for p in applied] == [f"fairq--{CURRENT}--0.1.1.sql",
+                                             "fairq--0.1.1--0.2.0.sql"]
+        assert installed_version(conn) == "0.2.0"
+        assert conn.execute("SELECT fairq.v0_1_1(), fairq.v0_2_0()").fetchone() == (
+            "0.1.1", "0.2.0")
+        assert upgrade(conn, scripts) == []  # already there
+
+
+def test_upgrade_without_a_path_or_an_install_changes_nothing(plain_dsn: str,
+                                                            tmp_path: Path) -> None:
+    with psycopg.connect(plain_dsn) as conn, pytest.raises(InstallError, match="not installed"):
+        upgrade(conn)
+    _installed(plain_dsn)
+    with psycopg.connect(plain_dsn) as conn:
+        with pytest.raises(InstallError, match="no upgrade path"):
+            upgrade(conn, Scripts.bundled(), target="9.9.9")
+        assert installed_version(conn) == CURRENT
