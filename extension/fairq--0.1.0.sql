@@ -241,6 +241,33 @@ BEGIN
 END
 $$;
 
+-- Durations (locks, release intervals) are whole milliseconds of at most ten years:
+-- enough for any lease or rate limit, and far from timestamp overflow.
+CREATE FUNCTION fairq.require_duration(p_value bigint, p_minimum bigint, p_name text) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF fairq.require_at_least(p_value, p_minimum, p_name) > 315360000000 THEN
+        RAISE EXCEPTION '% must be at most 315360000000 (ten years in milliseconds), got %',
+            p_name, p_value USING ERRCODE = '22023';
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+-- Dedup keys live in a unique B-tree index, whose entries must stay small.
+CREATE FUNCTION fairq.require_dedup_key(p_dedup_key text, p_name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF octet_length(p_dedup_key) > 1024 THEN
+        RAISE EXCEPTION '% must be at most 1024 bytes, got %', p_name, octet_length(p_dedup_key)
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN p_dedup_key;
+END
+$$;
+
 -- ==== sql/events.sql ====
 
 -- events.sql — what fairq tells the outside world: NOTIFY events and history.
@@ -497,7 +524,7 @@ DECLARE
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM fairq.require_limit(p_max_concurrency, 'p_max_concurrency');
-    PERFORM fairq.require_at_least(p_release_interval_ms, 0, 'p_release_interval_ms');
+    PERFORM fairq.require_duration(p_release_interval_ms, 0, 'p_release_interval_ms');
     PERFORM fairq.require_limit(p_max_size, 'p_max_size');
     PERFORM fairq.require_limit(p_max_attempts, 'p_max_attempts');
 
@@ -562,7 +589,8 @@ $$;
 --   * a bounded channel admits a message only while its count is below max_size;
 --   * at most one message per (channel, dedup_key) exists at a time;
 --   * channels are visited in name order, so concurrent batches cannot deadlock.
--- message_create is message_create_batch of one element: one code path.
+-- message_create is message_create_batch of one element: one code path. In both, a
+-- NULL dequeue_at means now and a NULL priority means 0.
 
 CREATE FUNCTION fairq.message_create_batch(
     p_channels text[],
@@ -604,6 +632,11 @@ BEGIN
      WHERE u.content IS NULL;
     IF v_bad IS NOT NULL THEN
         PERFORM fairq.require(p_contents[v_bad], format('p_contents[%s]', v_bad));
+    END IF;
+    SELECT min(u.i) INTO v_bad FROM unnest(p_dedup_keys) WITH ORDINALITY AS u(dedup_key, i)
+     WHERE octet_length(u.dedup_key) > 1024;
+    IF v_bad IS NOT NULL THEN
+        PERFORM fairq.require_dedup_key(p_dedup_keys[v_bad], format('p_dedup_keys[%s]', v_bad));
     END IF;
 
     v_ids := array_fill(NULL::bigint, ARRAY[v_count]);
@@ -688,7 +721,7 @@ AS $$
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM fairq.require(p_content, 'p_content');
-    PERFORM fairq.require(p_priority, 'p_priority');
+    PERFORM fairq.require_dedup_key(p_dedup_key, 'p_dedup_key');
     RETURN QUERY
         SELECT b.id, b.status
           FROM fairq.message_create_batch(ARRAY[p_channel], ARRAY[p_content], ARRAY[p_dequeue_at],
@@ -818,6 +851,30 @@ BEGIN
 END
 $$;
 
+-- Step 2's fallback, for a call that holds no lock yet: every eligible channel is
+-- locked, normally by another dequeue or settlement that takes about a millisecond.
+-- Wait for the first one, but not for long: a channel held longer is held by a user
+-- transaction, and the honest answer is then "nothing available".
+CREATE FUNCTION fairq.channel_wait(p_now timestamptz) RETURNS fairq.channel
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_channel fairq.channel;
+    v_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    PERFORM set_config('lock_timeout', '200ms', true);
+    SELECT * INTO v_channel FROM fairq.channel c
+     WHERE c.turn_at <= p_now
+     ORDER BY c.turn_at, c.turn_seq
+     LIMIT 1
+       FOR NO KEY UPDATE;
+    PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    RETURN v_channel;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION fairq.message_dequeue(p_lock_ms bigint, p_max_messages integer DEFAULT 1)
 RETURNS TABLE(id bigint, channel text, content bytea, state bytea, num_attempts bigint,
               priority integer, dequeue_at timestamptz, recovered boolean)
@@ -827,7 +884,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := fairq.clock();
-    v_lock interval := fairq.ms(fairq.require_at_least(p_lock_ms, 1, 'p_lock_ms'));
+    v_lock interval := fairq.ms(fairq.require_duration(p_lock_ms, 1, 'p_lock_ms'));
     v_channel fairq.channel;
     v_message fairq.message;
     v_visited bigint[] := '{}';
@@ -845,12 +902,8 @@ BEGIN
            FOR NO KEY UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
             EXIT WHEN v_holds_locks;
-            SELECT * INTO v_channel FROM fairq.channel c
-             WHERE c.turn_at <= v_now
-             ORDER BY c.turn_at, c.turn_seq
-             LIMIT 1
-               FOR NO KEY UPDATE;
-            EXIT WHEN NOT FOUND;
+            v_channel := fairq.channel_wait(v_now);
+            EXIT WHEN v_channel.id IS NULL;
         END IF;
         v_holds_locks := true;
 
@@ -1007,7 +1060,7 @@ DECLARE
 BEGIN
     PERFORM fairq.require(p_id, 'p_id');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
-    PERFORM fairq.require_at_least(p_lock_ms, 1, 'p_lock_ms');
+    PERFORM fairq.require_duration(p_lock_ms, 1, 'p_lock_ms');
     UPDATE fairq.message
        SET locked_until = GREATEST(locked_until, v_now + fairq.ms(p_lock_ms))
      WHERE id = p_id AND status = 'locked' AND num_attempts = p_num_attempts;
@@ -1043,6 +1096,9 @@ BEGIN
 END
 $$;
 
+-- Cancelling only share-locks the channel, like creating, so a producer may cancel
+-- inside a long transaction without hiding the channel from workers: the channel's due_at may stay early (a
+-- dequeue then finds nothing, recomputes it, and collects an empty channel).
 CREATE FUNCTION fairq.message_cancel(p_id bigint) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1058,17 +1114,10 @@ BEGIN
     IF NOT FOUND THEN
         RETURN fairq.miss(p_id, 'locked');
     END IF;
-    v_channel := fairq.channel_lock(v_message.channel_id);
+    -- The share lock only keeps channel_set from changing max_size under our feet.
+    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id FOR KEY SHARE;
     PERFORM fairq.record_history(v_message, v_channel.name, 'cancelled', v_now);
     PERFORM fairq.channel_resize(v_channel, -1, false);
-    -- The channel's due_at may now be early (harmless: a dequeue recomputes it). If
-    -- the channel is now empty, say so at once so that it can be collected.
-    IF v_channel.in_flight = 0 AND fairq.pending_due_at(v_channel.id) IS NULL
-       AND fairq.channel_quiet(v_channel.id) THEN
-        v_channel.due_at := NULL;
-        v_channel := fairq.channel_store(v_channel, v_now, false);
-        PERFORM fairq.channel_collect(v_channel);
-    END IF;
     RETURN 'cancelled';
 END
 $$;

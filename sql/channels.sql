@@ -196,7 +196,7 @@ DECLARE
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM fairq.require_limit(p_max_concurrency, 'p_max_concurrency');
-    PERFORM fairq.require_at_least(p_release_interval_ms, 0, 'p_release_interval_ms');
+    PERFORM fairq.require_duration(p_release_interval_ms, 0, 'p_release_interval_ms');
     PERFORM fairq.require_limit(p_max_size, 'p_max_size');
     PERFORM fairq.require_limit(p_max_attempts, 'p_max_attempts');
 

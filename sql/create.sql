@@ -10,7 +10,8 @@
 --   * a bounded channel admits a message only while its count is below max_size;
 --   * at most one message per (channel, dedup_key) exists at a time;
 --   * channels are visited in name order, so concurrent batches cannot deadlock.
--- message_create is message_create_batch of one element: one code path.
+-- message_create is message_create_batch of one element: one code path. In both, a
+-- NULL dequeue_at means now and a NULL priority means 0.
 
 CREATE FUNCTION fairq.message_create_batch(
     p_channels text[],
@@ -52,6 +53,11 @@ BEGIN
      WHERE u.content IS NULL;
     IF v_bad IS NOT NULL THEN
         PERFORM fairq.require(p_contents[v_bad], format('p_contents[%s]', v_bad));
+    END IF;
+    SELECT min(u.i) INTO v_bad FROM unnest(p_dedup_keys) WITH ORDINALITY AS u(dedup_key, i)
+     WHERE octet_length(u.dedup_key) > 1024;
+    IF v_bad IS NOT NULL THEN
+        PERFORM fairq.require_dedup_key(p_dedup_keys[v_bad], format('p_dedup_keys[%s]', v_bad));
     END IF;
 
     v_ids := array_fill(NULL::bigint, ARRAY[v_count]);
@@ -136,7 +142,7 @@ AS $$
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM fairq.require(p_content, 'p_content');
-    PERFORM fairq.require(p_priority, 'p_priority');
+    PERFORM fairq.require_dedup_key(p_dedup_key, 'p_dedup_key');
     RETURN QUERY
         SELECT b.id, b.status
           FROM fairq.message_create_batch(ARRAY[p_channel], ARRAY[p_content], ARRAY[p_dequeue_at],

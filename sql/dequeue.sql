@@ -118,6 +118,30 @@ BEGIN
 END
 $$;
 
+-- Step 2's fallback, for a call that holds no lock yet: every eligible channel is
+-- locked, normally by another dequeue or settlement that takes about a millisecond.
+-- Wait for the first one, but not for long: a channel held longer is held by a user
+-- transaction, and the honest answer is then "nothing available".
+CREATE FUNCTION fairq.channel_wait(p_now timestamptz) RETURNS fairq.channel
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_channel fairq.channel;
+    v_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    PERFORM set_config('lock_timeout', '200ms', true);
+    SELECT * INTO v_channel FROM fairq.channel c
+     WHERE c.turn_at <= p_now
+     ORDER BY c.turn_at, c.turn_seq
+     LIMIT 1
+       FOR NO KEY UPDATE;
+    PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    RETURN v_channel;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION fairq.message_dequeue(p_lock_ms bigint, p_max_messages integer DEFAULT 1)
 RETURNS TABLE(id bigint, channel text, content bytea, state bytea, num_attempts bigint,
               priority integer, dequeue_at timestamptz, recovered boolean)
@@ -127,7 +151,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := fairq.clock();
-    v_lock interval := fairq.ms(fairq.require_at_least(p_lock_ms, 1, 'p_lock_ms'));
+    v_lock interval := fairq.ms(fairq.require_duration(p_lock_ms, 1, 'p_lock_ms'));
     v_channel fairq.channel;
     v_message fairq.message;
     v_visited bigint[] := '{}';
@@ -145,12 +169,8 @@ BEGIN
            FOR NO KEY UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
             EXIT WHEN v_holds_locks;
-            SELECT * INTO v_channel FROM fairq.channel c
-             WHERE c.turn_at <= v_now
-             ORDER BY c.turn_at, c.turn_seq
-             LIMIT 1
-               FOR NO KEY UPDATE;
-            EXIT WHEN NOT FOUND;
+            v_channel := fairq.channel_wait(v_now);
+            EXIT WHEN v_channel.id IS NULL;
         END IF;
         v_holds_locks := true;
 

@@ -130,7 +130,7 @@ DECLARE
 BEGIN
     PERFORM fairq.require(p_id, 'p_id');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
-    PERFORM fairq.require_at_least(p_lock_ms, 1, 'p_lock_ms');
+    PERFORM fairq.require_duration(p_lock_ms, 1, 'p_lock_ms');
     UPDATE fairq.message
        SET locked_until = GREATEST(locked_until, v_now + fairq.ms(p_lock_ms))
      WHERE id = p_id AND status = 'locked' AND num_attempts = p_num_attempts;
@@ -166,6 +166,9 @@ BEGIN
 END
 $$;
 
+-- Cancelling only share-locks the channel, like creating, so a producer may cancel
+-- inside a long transaction without hiding the channel from workers: the channel's due_at may stay early (a
+-- dequeue then finds nothing, recomputes it, and collects an empty channel).
 CREATE FUNCTION fairq.message_cancel(p_id bigint) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -181,17 +184,10 @@ BEGIN
     IF NOT FOUND THEN
         RETURN fairq.miss(p_id, 'locked');
     END IF;
-    v_channel := fairq.channel_lock(v_message.channel_id);
+    -- The share lock only keeps channel_set from changing max_size under our feet.
+    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id FOR KEY SHARE;
     PERFORM fairq.record_history(v_message, v_channel.name, 'cancelled', v_now);
     PERFORM fairq.channel_resize(v_channel, -1, false);
-    -- The channel's due_at may now be early (harmless: a dequeue recomputes it). If
-    -- the channel is now empty, say so at once so that it can be collected.
-    IF v_channel.in_flight = 0 AND fairq.pending_due_at(v_channel.id) IS NULL
-       AND fairq.channel_quiet(v_channel.id) THEN
-        v_channel.due_at := NULL;
-        v_channel := fairq.channel_store(v_channel, v_now, false);
-        PERFORM fairq.channel_collect(v_channel);
-    END IF;
     RETURN 'cancelled';
 END
 $$;

@@ -57,3 +57,30 @@ BEGIN
     RETURN p_channel;
 END
 $$;
+
+-- Durations (locks, release intervals) are whole milliseconds of at most ten years:
+-- enough for any lease or rate limit, and far from timestamp overflow.
+CREATE FUNCTION fairq.require_duration(p_value bigint, p_minimum bigint, p_name text) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF fairq.require_at_least(p_value, p_minimum, p_name) > 315360000000 THEN
+        RAISE EXCEPTION '% must be at most 315360000000 (ten years in milliseconds), got %',
+            p_name, p_value USING ERRCODE = '22023';
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+-- Dedup keys live in a unique B-tree index, whose entries must stay small.
+CREATE FUNCTION fairq.require_dedup_key(p_dedup_key text, p_name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF octet_length(p_dedup_key) > 1024 THEN
+        RAISE EXCEPTION '% must be at most 1024 bytes, got %', p_name, octet_length(p_dedup_key)
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN p_dedup_key;
+END
+$$;

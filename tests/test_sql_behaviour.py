@@ -1,0 +1,475 @@
+"""SPEC §2 behaviours 1-5 and 7, one or more tests each, through plain SQL."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from sqlq import (
+    Conn, call, channel_row, channels_of, complete, counts, create, create_many, dequeue,
+    dequeue_one, drain, problems, travel,
+)
+
+# -- 1. Fairness ---------------------------------------------------------------------
+
+
+def test_backlogged_channels_take_strict_turns_across_single_calls(conn: Conn) -> None:
+    channels = [f"tenant-{i}" for i in range(5)]
+    # A heavy tenant first, then the others: arrival order must not matter.
+    create_many(conn, ["tenant-0"] * 50)
+    for ch in channels[1:]:
+        create_many(conn, [ch] * 10)
+    served = channels_of(drain(conn, limit=40))
+    for start in range(0, len(served) - len(channels) + 1):
+        window = served[start : start + len(channels)]
+        assert len(set(window)) == len(channels), (start, window)
+
+
+def test_one_batch_call_is_fair_within_the_same_instant(conn: Conn) -> None:
+    channels = [f"c{i}" for i in range(7)]
+    for ch in channels:
+        create_many(conn, [ch] * 20)
+    got = dequeue(conn, n=70)
+    served = channels_of(got)
+    assert len(served) == 70
+    for start in range(0, 70 - 7 + 1):
+        assert len(set(served[start : start + 7])) == 7, served
+
+
+def test_batch_dequeue_equals_single_dequeues(dsn: str) -> None:
+    def run(batch: bool) -> list[tuple[str, bytes]]:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("TRUNCATE fairq.message, fairq.channel")
+            for ch, n in (("a", 5), ("b", 3), ("c", 6)):
+                for i in range(n):
+                    create(c, ch, f"{ch}{i}".encode(), priority=i % 3)
+            if batch:
+                got = dequeue(c, n=100)
+            else:
+                got = []
+                while (d := dequeue_one(c)) is not None:
+                    got.append(d)
+            return [(d.channel, d.content) for d in got]
+
+    assert run(batch=True) == run(batch=False)
+
+
+def test_served_channel_goes_to_the_back(conn: Conn) -> None:
+    create_many(conn, ["a", "a", "a"])
+    create_many(conn, ["b"])
+    create_many(conn, ["c", "c"])
+    assert channels_of(dequeue(conn, n=6)) == ["a", "b", "c", "a", "c", "a"]
+
+
+def test_recovered_messages_take_turns(conn: Conn) -> None:
+    # Tenant "crash" had 5 messages in flight when its worker died; "steady" has a backlog.
+    create_many(conn, ["crash"] * 5)
+    crashed = dequeue(conn, lock_ms=100, n=5)
+    assert counts(crashed) == {"crash": 5}
+    create_many(conn, ["steady"] * 10)
+    travel(conn, 1_000)  # every "crash" lock has expired
+    got = dequeue(conn, n=10)
+    assert [d.recovered for d in got if d.channel == "crash"] == [True] * 5
+    assert {d.id for d in got if d.channel == "crash"} == {d.id for d in crashed}
+    # Recovered messages come back one per turn, never ahead of every other channel.
+    assert channels_of(got) == ["crash", "steady"] * 5 or channels_of(got) == ["steady", "crash"] * 5
+
+
+# -- 2. Concurrency --------------------------------------------------------------------
+
+
+def test_max_concurrency_caps_in_flight_messages(conn: Conn) -> None:
+    call(conn, "channel_set", "capped", 2)
+    create_many(conn, ["capped"] * 5 + ["free"] * 5)
+    got = dequeue(conn, n=10)
+    assert counts(got) == {"capped": 2, "free": 5}
+    assert dequeue(conn) == []
+    assert complete(conn, next(d for d in got if d.channel == "capped")) == "completed"
+    again = dequeue(conn, n=10)
+    assert channels_of(again) == ["capped"]
+    assert channel_row(conn, "capped")["in_flight"] == 2  # type: ignore[index]
+
+
+def test_concurrency_cap_counts_recovered_messages(conn: Conn) -> None:
+    call(conn, "channel_set", "capped", 1)
+    create_many(conn, ["capped"] * 3)
+    first = dequeue(conn, lock_ms=50)
+    assert len(first) == 1
+    travel(conn, 1_000)
+    got = dequeue(conn, n=10)
+    assert len(got) == 1 and got[0].id == first[0].id and got[0].recovered
+    assert got[0].num_attempts == 2
+    assert dequeue(conn, n=10) == []
+
+
+def test_lowering_max_concurrency_waits_for_the_channel_to_drain(conn: Conn) -> None:
+    create_many(conn, ["c"] * 6)
+    got = dequeue(conn, n=4)
+    call(conn, "channel_set", "c", 2)
+    assert dequeue(conn) == []
+    for d in got[:2]:
+        complete(conn, d)
+    assert dequeue(conn) == []  # still 2 in flight
+    complete(conn, got[2])
+    assert len(dequeue(conn, n=5)) == 1
+    assert problems(conn) == []
+
+
+# -- 3. Rate limit -------------------------------------------------------------------
+
+
+def test_release_interval_spaces_fresh_releases(conn: Conn) -> None:
+    call(conn, "channel_set", "slow", None, 1_000)
+    create_many(conn, ["slow"] * 3 + ["fast"] * 3)
+    first = dequeue(conn, n=10)
+    assert counts(first) == {"slow": 1, "fast": 3}
+    travel(conn, 500)
+    assert dequeue(conn, n=10) == []
+    travel(conn, 1_010)
+    assert channels_of(dequeue(conn, n=10)) == ["slow"]
+    travel(conn, 1_500)
+    assert dequeue(conn, n=10) == []
+    travel(conn, 2_020)
+    assert channels_of(dequeue(conn, n=10)) == ["slow"]
+
+
+def test_rate_limit_applies_to_a_message_arriving_after_a_release(conn: Conn) -> None:
+    call(conn, "channel_set", "slow", None, 10_000)
+    create(conn, "slow")
+    assert len(dequeue(conn)) == 1
+    create(conn, "slow")
+    assert dequeue(conn) == []
+    travel(conn, 10_050)
+    assert len(dequeue(conn)) == 1
+
+
+# -- 4. Schedule and priority --------------------------------------------------------------
+
+
+def test_no_message_before_its_dequeue_at(conn: Conn) -> None:
+    now = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
+    create(conn, "s", b"later", dequeue_at=now + timedelta(seconds=60), priority=100)
+    create(conn, "s", b"now", priority=0)
+    got = dequeue(conn, lock_ms=3_600_000, n=5)
+    assert [d.content for d in got] == [b"now"]
+    travel(conn, 61_000)
+    assert [d.content for d in dequeue(conn, n=5)] == [b"later"]
+
+
+def test_due_messages_order_by_priority_then_dequeue_at_then_id(conn: Conn) -> None:
+    now = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
+    create(conn, "p", b"low-old", priority=0, dequeue_at=now - timedelta(hours=1))
+    create(conn, "p", b"high-2", priority=5)
+    create(conn, "p", b"high-1-earlier", priority=5, dequeue_at=now - timedelta(minutes=1))
+    create(conn, "p", b"high-scheduled", priority=9, dequeue_at=now + timedelta(seconds=5))
+    create(conn, "p", b"mid", priority=1)
+    create(conn, "p", b"high-3", priority=5)
+    got = [d.content for d in dequeue(conn, n=10)]
+    assert got == [b"high-1-earlier", b"high-2", b"high-3", b"mid", b"low-old"]
+    travel(conn, 6_000)
+    create(conn, "p", b"urgent-now", priority=8)
+    # Once due, the scheduled message competes by priority with everything due.
+    assert [d.content for d in dequeue(conn, n=10)] == [b"high-scheduled", b"urgent-now"]
+
+
+def test_priority_never_skips_the_round_robin(conn: Conn) -> None:
+    for _ in range(5):
+        create(conn, "vip", priority=1000)
+    for _ in range(5):
+        create(conn, "plain")
+    assert channels_of(dequeue(conn, n=4)) == ["vip", "plain", "vip", "plain"]
+
+
+def test_scheduled_channel_wakes_when_a_message_is_due(conn: Conn) -> None:
+    now = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
+    create(conn, "w", b"in-an-hour", dequeue_at=now + timedelta(hours=1))
+    assert dequeue(conn) == []
+    create(conn, "w", b"now")
+    assert [d.content for d in dequeue(conn)] == [b"now"]
+    assert dequeue(conn) == []
+    row = channel_row(conn, "w")
+    assert row is not None and row["scheduled"] == 1 and row["next_dequeue_at"] > now
+
+
+# -- 5. Durability, fencing, dead letters ----------------------------------------------------
+
+
+def test_expired_lock_comes_back_with_next_attempt_and_fences_the_old_holder(conn: Conn) -> None:
+    create(conn, "d")
+    first = dequeue_one(conn, lock_ms=100)
+    assert first is not None and first.num_attempts == 1 and not first.recovered
+    travel(conn, 500)
+    second = dequeue_one(conn)
+    assert second is not None and second.id == first.id
+    assert second.num_attempts == 2 and second.recovered
+    assert complete(conn, first) == "stale"
+    assert call(conn, "message_heartbeat", first.id, 1, 1000) == "stale"
+    assert call(conn, "message_defer", first.id, 1, None, None) == "stale"
+    assert call(conn, "message_fail", first.id, 1, "x") == "stale"
+    assert complete(conn, second) == "completed"
+    assert complete(conn, second) == "not_found"
+
+
+def test_expired_but_unrecovered_lock_still_belongs_to_its_holder(conn: Conn) -> None:
+    create(conn, "d")
+    d = dequeue_one(conn, lock_ms=50)
+    assert d is not None
+    travel(conn, 1_000)
+    assert complete(conn, d) == "completed"
+    assert dequeue(conn) == []
+    assert problems(conn) == []
+
+
+def test_heartbeat_extends_and_never_shortens(conn: Conn) -> None:
+    create(conn, "h")
+    d = dequeue_one(conn, lock_ms=1_000)
+    assert d is not None
+    assert call(conn, "message_heartbeat", d.id, d.num_attempts, 60_000) == "heartbeated"
+    travel(conn, 5_000)
+    assert dequeue(conn) == []  # lock now runs to +60 s
+    assert call(conn, "message_heartbeat", d.id, d.num_attempts, 1) == "heartbeated"
+    travel(conn, 30_000)
+    assert dequeue(conn) == []  # the short heartbeat did not shorten it
+    travel(conn, 61_000)
+    again = dequeue_one(conn)
+    assert again is not None and again.recovered
+
+
+def test_defer_keeps_attempts_and_state_unless_replaced(conn: Conn) -> None:
+    create(conn, "d")
+    d = dequeue_one(conn)
+    assert d is not None
+    assert call(conn, "message_defer", d.id, d.num_attempts, None, b"checkpoint-1") == "deferred"
+    d2 = dequeue_one(conn)
+    assert d2 is not None and d2.state == b"checkpoint-1" and d2.num_attempts == 2
+    assert not d2.recovered
+    assert call(conn, "message_defer", d2.id, d2.num_attempts, None, None) == "deferred"
+    d3 = dequeue_one(conn)
+    assert d3 is not None and d3.state == b"checkpoint-1" and d3.num_attempts == 3
+
+
+def test_defer_to_the_future_frees_the_slot_and_waits(conn: Conn) -> None:
+    call(conn, "channel_set", "d", 1)
+    create_many(conn, ["d", "d"])
+    d = dequeue_one(conn)
+    assert d is not None
+    now = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
+    assert call(conn, "message_defer", d.id, d.num_attempts, now + timedelta(seconds=30), None) == "deferred"
+    other = dequeue_one(conn)
+    assert other is not None and other.id != d.id
+    complete(conn, other)
+    assert dequeue(conn) == []
+    travel(conn, 31_000)
+    back = dequeue_one(conn)
+    assert back is not None and back.id == d.id
+
+
+def test_max_attempts_moves_to_dead_letters_instead_of_delivering(conn: Conn) -> None:
+    call(conn, "channel_set", "m", None, 0, None, 2)
+    create(conn, "m", b"poison")
+    for attempt in (1, 2):
+        d = dequeue_one(conn, lock_ms=10)
+        assert d is not None and d.num_attempts == attempt
+        travel(conn, 1_000 * attempt)
+    assert dequeue(conn) == []
+    dead = conn.execute("SELECT channel, content, num_attempts, error FROM fairq.dead_letters").fetchall()
+    assert len(dead) == 1 and dead[0][0] == "m" and dead[0][1] == b"poison" and dead[0][2] == 2
+    assert "max_attempts" in dead[0][3]
+    assert channel_row(conn, "m")["in_flight"] == 0  # type: ignore[index]
+
+
+def test_deferred_message_on_its_last_attempt_dies_at_next_dequeue(conn: Conn) -> None:
+    call(conn, "channel_set", "m", None, 0, None, 1)
+    create(conn, "m")
+    d = dequeue_one(conn)
+    assert d is not None
+    call(conn, "message_defer", d.id, 1, None, None)
+    assert dequeue(conn) == []
+    assert conn.execute("SELECT count(*) FROM fairq.dead_letters").fetchone() == (1,)
+
+
+def test_fail_and_retry_round_trip(conn: Conn) -> None:
+    create(conn, "f", b"payload", priority=7)
+    d = dequeue_one(conn)
+    assert d is not None
+    assert call(conn, "message_fail", d.id, d.num_attempts, "it broke") == "dead"
+    row = conn.execute("SELECT id, error, num_attempts FROM fairq.dead_letters").fetchone()
+    assert row == (d.id, "it broke", 1)
+    assert call(conn, "dead_letter_retry", d.id) == "requeued"
+    assert call(conn, "dead_letter_retry", d.id) == "not_found"
+    again = dequeue_one(conn)
+    assert again is not None and again.id == d.id and again.num_attempts == 1
+    assert again.content == b"payload" and again.priority == 7
+
+
+def test_cancel(conn: Conn) -> None:
+    a, _ = create(conn, "x")
+    b, _ = create(conn, "x")
+    d = dequeue_one(conn)
+    assert d is not None and d.id == a
+    assert call(conn, "message_cancel", a) == "locked"
+    assert call(conn, "message_cancel", b) == "cancelled"
+    assert call(conn, "message_cancel", b) == "not_found"
+    assert dequeue(conn) == []
+    assert problems(conn) == []
+
+
+# -- create statuses, dedup, size, channel lifecycle -----------------------------------------------
+
+
+def test_dedup_key_returns_the_existing_message(conn: Conn) -> None:
+    first = create(conn, "u", dedup_key="job-1")
+    assert first[1] == "created"
+    assert create(conn, "u", dedup_key="job-1") == (first[0], "duplicate")
+    assert create(conn, "other", dedup_key="job-1")[1] == "created"
+    rows = create_many(conn, ["u", "u", "u"], dedup_keys=["job-1", "job-2", "job-2"])
+    assert rows[0] == (1, first[0], "duplicate")
+    assert rows[1][2] == "created" and rows[2] == (3, rows[1][1], "duplicate")
+    d = dequeue_one(conn)
+    while d is not None and d.id != first[0]:
+        complete(conn, d)
+        d = dequeue_one(conn)
+    assert d is not None
+    complete(conn, d)
+    assert create(conn, "u", dedup_key="job-1")[1] == "created"  # the old one is gone
+
+
+def test_max_size_drops_and_counts_in_flight(conn: Conn) -> None:
+    call(conn, "channel_set", "b", None, 0, 2)
+    assert create(conn, "b")[1] == "created"
+    assert create(conn, "b")[1] == "created"
+    assert create(conn, "b") == (None, "dropped")
+    d = dequeue_one(conn)
+    assert d is not None
+    assert create(conn, "b")[1] == "dropped"  # in flight still counts
+    complete(conn, d)
+    rows = create_many(conn, ["b", "b"])
+    assert [r[2] for r in rows] == ["created", "dropped"]
+    assert problems(conn) == []
+
+
+def test_channel_set_validates_and_clear_reverts(conn: Conn) -> None:
+    call(conn, "channel_set", "p", 3, 250, 10, 4)
+    row = channel_row(conn, "p")
+    assert row is not None
+    assert (row["max_concurrency"], row["release_interval_ms"], row["max_size"], row["max_attempts"]) == (3, 250, 10, 4)
+    assert row["size"] == 0
+    assert call(conn, "channel_clear", "p") is True
+    assert call(conn, "channel_clear", "p") is False
+    assert channel_row(conn, "p") is None  # no policy, no messages: gone
+
+
+def test_channels_without_policy_disappear_when_empty(conn: Conn) -> None:
+    for i in range(50):
+        create(conn, f"one-off-{i}")
+    drain(conn)
+    assert conn.execute("SELECT count(*) FROM fairq.channel").fetchone() == (0,)
+    create(conn, "gone")
+    m = dequeue_one(conn)
+    assert m is not None
+    call(conn, "message_fail", m.id, m.num_attempts, None)
+    assert conn.execute("SELECT count(*) FROM fairq.channel").fetchone() == (0,)
+    a, _ = create(conn, "cancelled")
+    call(conn, "message_cancel", a)
+    assert dequeue(conn) == []  # the next dequeue that visits it finds it empty
+    assert conn.execute("SELECT count(*) FROM fairq.channel").fetchone() == (0,)
+
+
+def test_recreated_channel_is_one_row_with_one_limit(conn: Conn) -> None:
+    call(conn, "channel_set", "t", 1)
+    create_many(conn, ["t", "t", "t"])
+    d = dequeue_one(conn)
+    call(conn, "channel_clear", "t")
+    call(conn, "channel_set", "t", 1)
+    assert d is not None
+    assert dequeue(conn, n=5) == []  # still one in flight: the limit is not doubled
+    assert conn.execute("SELECT count(*) FROM fairq.channel WHERE name = 't'").fetchone() == (1,)
+
+
+def test_view_counts(conn: Conn) -> None:
+    now = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
+    create_many(conn, ["v"] * 3)
+    create(conn, "v", dequeue_at=now + timedelta(minutes=5))
+    dequeue(conn)
+    row = channel_row(conn, "v")
+    assert row is not None
+    assert (row["size"], row["ready"], row["scheduled"], row["in_flight"]) == (4, 2, 1, 1)
+
+
+# -- clock -------------------------------------------------------------------------------------
+
+
+def test_clock_is_the_servers_real_time_per_call(conn: Conn) -> None:
+    with conn.transaction():
+        conn.execute("SELECT pg_sleep(0.05)")
+        row = conn.execute("SELECT fairq.clock(), clock_timestamp(), now()").fetchone()
+    assert row is not None
+    clock, real, txn_start = row
+    assert abs((real - clock).total_seconds()) < 0.01
+    assert (clock - txn_start).total_seconds() >= 0.05
+
+
+# -- 7. Events -----------------------------------------------------------------------------------
+
+
+def test_events_are_sent_on_commit_and_can_be_switched_off(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as c:
+        listener.execute("LISTEN fairq")
+        mid, _ = create(c, "e", b"1")
+        d = dequeue_one(c)
+        assert d is not None
+        call(c, "message_defer", d.id, d.num_attempts, None, None)
+        d = dequeue_one(c)
+        assert d is not None
+        complete(c, d)
+        c.execute("SET fairq.events = off")
+        create(c, "e", b"2")
+        events = [json.loads(n.payload) for n in listener.notifies(timeout=0.5, stop_after=10)]
+    assert [e["event"] for e in events] == ["created", "deferred", "completed"]
+    assert all(e["channel"] == "e" and e["id"] == mid for e in events)
+    assert events[0]["dequeue_at"] is not None
+
+
+def test_history_records_every_outcome_when_switched_on(conn: Conn) -> None:
+    conn.execute("SET fairq.history = on")
+    a, _ = create(conn, "h")
+    b, _ = create(conn, "h")
+    c, _ = create(conn, "h")
+    call(conn, "message_cancel", c)
+    d1 = dequeue_one(conn)
+    d2 = dequeue_one(conn)
+    assert d1 is not None and d2 is not None
+    complete(conn, d1)
+    call(conn, "message_fail", d2.id, d2.num_attempts, None)
+    rows = conn.execute("SELECT id, outcome, num_attempts, first_dequeued_at IS NOT NULL FROM fairq.message_history ORDER BY id").fetchall()
+    assert rows == [(a, "completed", 1, True), (b, "dead", 1, True), (c, "cancelled", 0, False)]
+    future = conn.execute("SELECT fairq.clock() + interval '1 minute'").fetchone()[0]  # type: ignore[index]
+    assert call(conn, "history_prune", future) == 3
+    conn.execute("SET fairq.history = off")
+    create(conn, "h")
+    drain(conn)
+    assert conn.execute("SELECT count(*) FROM fairq.message_history").fetchone() == (0,)
+
+
+def test_invariants_hold_after_a_mixed_workload(conn: Conn) -> None:
+    call(conn, "channel_set", "capped", 2, 0, 5, 3)
+    for i in range(30):
+        create(conn, ["capped", "a", "b"][i % 3], priority=i % 4)
+    got = dequeue(conn, lock_ms=100, n=10)
+    for i, d in enumerate(got):
+        if i % 3 == 0:
+            complete(conn, d)
+        elif i % 3 == 1:
+            call(conn, "message_defer", d.id, d.num_attempts, None, b"s")
+    travel(conn, 1_000)
+    dequeue(conn, n=5)
+    assert problems(conn) == []
+
+
+@pytest.mark.parametrize("lock_ms", [1, 10])
+def test_tiny_locks_are_valid(conn: Conn, lock_ms: int) -> None:
+    create(conn, "t")
+    assert len(dequeue(conn, lock_ms=lock_ms)) == 1

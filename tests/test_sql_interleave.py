@@ -1,0 +1,213 @@
+"""Interleavings: one transaction held open while another session calls.
+
+Each test pins down one race the design must win: a message committed by a
+producer is never stranded, an open producer transaction never hides a busy
+channel, two dequeues on one channel never answer "empty" while work waits, and
+fencing holds when settlement and lock recovery cross.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+
+from sqlq import Conn, Delivery, call, complete, create, create_many, dequeue, dequeue_one, problems, travel
+
+
+@pytest.fixture
+def other(dsn: str) -> Iterator[Conn]:
+    """A second session on the same database."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        yield c
+
+
+@contextmanager
+def open_transaction(conn: Conn) -> Iterator[Conn]:
+    """Runs the block inside a transaction that stays open until the block ends."""
+    with conn.transaction():
+        yield conn
+
+
+class Background:
+    """Runs one call on its own connection in a thread, so it may block."""
+
+    def __init__(self, dsn: str, fn: Any) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._conn = psycopg.connect(dsn, autocommit=True)
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Any) -> None:
+        try:
+            self.result = fn(self._conn)
+        except BaseException as exc:  # reported by join()
+            self.error = exc
+
+    def blocked(self, seconds: float = 0.3) -> bool:
+        self._thread.join(seconds)
+        return self._thread.is_alive()
+
+    def join(self) -> Any:
+        self._thread.join(10)
+        assert not self._thread.is_alive(), "background call never finished"
+        self._conn.close()
+        if self.error:
+            raise self.error
+        return self.result
+
+
+def test_message_created_while_the_channel_drains_is_not_stranded(conn: Conn, other: Conn) -> None:
+    # The channel is due (one message waiting), so the producer only share-locks it.
+    create(conn, "x", b"first")
+    with open_transaction(other):
+        create(other, "x", b"second")
+        # Meanwhile a worker takes the last visible message of the channel.
+        got = dequeue(conn, n=5)
+        assert [d.content for d in got] == [b"first"]
+    # The producer committed after the channel looked empty: it must still be served.
+    assert [d.content for d in dequeue(conn, n=5)] == [b"second"]
+    assert problems(conn) == []
+
+
+def test_message_created_on_an_idle_channel_during_a_dequeue(conn: Conn, other: Conn) -> None:
+    with open_transaction(other):
+        create(other, "idle", b"m")
+        assert dequeue(conn) == []  # not committed yet: invisible
+    assert [d.content for d in dequeue(conn)] == [b"m"]
+
+
+def test_open_producer_transaction_does_not_hide_a_backlogged_channel(conn: Conn, other: Conn) -> None:
+    create_many(conn, ["busy"] * 3)
+    with open_transaction(other):
+        create(other, "busy", b"uncommitted")
+        got = dequeue(conn, n=3)
+        assert len(got) == 3  # the producer's share lock does not block workers
+        for d in got:
+            assert complete(conn, d) == "completed"  # nor settlements
+
+
+def test_open_producer_transaction_on_a_scheduled_channel_wakes_it_on_commit(conn: Conn, other: Conn) -> None:
+    from datetime import timedelta
+
+    now = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
+    create(conn, "s", b"later", dequeue_at=now + timedelta(hours=1))
+    with open_transaction(other):
+        create(other, "s", b"now")
+    assert [d.content for d in dequeue(conn)] == [b"now"]
+
+
+def test_two_dequeues_on_one_busy_channel_do_not_answer_empty(dsn: str, conn: Conn, other: Conn) -> None:
+    create_many(conn, ["only"] * 2)
+    with open_transaction(other):
+        first = dequeue(other)
+        assert len(first) == 1
+        # The channel row is locked by the open dequeue; a second dequeue must wait
+        # for it, not report an empty queue.
+        second = Background(dsn, lambda c: dequeue(c))
+        assert second.blocked(0.05)
+    got = second.join()
+    assert len(got) == 1 and got[0].id != first[0].id
+
+
+def test_dequeue_does_not_hang_on_a_channel_held_by_a_long_transaction(conn: Conn, other: Conn) -> None:
+    import time
+
+    create_many(conn, ["only"] * 2)
+    with open_transaction(other):
+        assert len(dequeue(other)) == 1  # ...and the transaction stays open
+        started = time.monotonic()
+        assert dequeue(conn) == []
+        assert time.monotonic() - started < 2.0
+
+
+def test_concurrent_dequeues_spread_over_channels_without_waiting(dsn: str, conn: Conn, other: Conn) -> None:
+    create_many(conn, ["a", "a", "b", "b"])
+    with open_transaction(other):
+        first = dequeue(other)
+        second = Background(dsn, lambda c: dequeue(c))
+        assert not second.blocked(2.0), "SKIP LOCKED must move on to the next channel"
+        got = second.join()
+    assert {first[0].channel, got[0].channel} == {"a", "b"}
+
+
+def test_complete_racing_lock_recovery_settles_once(dsn: str, conn: Conn, other: Conn) -> None:
+    create(conn, "r")
+    d = dequeue_one(conn, lock_ms=50)
+    assert d is not None
+    travel(conn, 1_000)
+    with open_transaction(other):
+        assert complete(other, d) == "completed"  # holds the message row until commit
+        assert dequeue(conn) == []  # recovery skips the row being settled
+    assert dequeue(conn) == []
+    assert problems(conn) == []
+
+
+def test_lock_recovery_racing_complete_fences_the_old_holder(dsn: str, conn: Conn, other: Conn) -> None:
+    create(conn, "r")
+    d = dequeue_one(conn, lock_ms=50)
+    assert d is not None
+    travel(conn, 1_000)
+    with open_transaction(other):
+        again = dequeue(other)  # recovers and re-delivers with attempt 2
+        assert len(again) == 1 and again[0].num_attempts == 2 and again[0].recovered
+        late = Background(dsn, lambda c: complete(c, d))
+        assert late.blocked()
+    assert late.join() == "stale"
+    assert complete(conn, again[0]) == "completed"
+    assert problems(conn) == []
+
+
+def test_heartbeat_racing_expiry_keeps_the_lock(dsn: str, conn: Conn, other: Conn) -> None:
+    create(conn, "h")
+    d = dequeue_one(conn, lock_ms=50)
+    assert d is not None
+    travel(conn, 1_000)
+    with open_transaction(other):
+        assert call(other, "message_heartbeat", d.id, d.num_attempts, 60_000) == "heartbeated"
+        assert dequeue(conn) == []  # the row is being heartbeated: not recovered
+    assert dequeue(conn) == []  # and now the lock runs for another minute
+    assert complete(conn, d) == "completed"
+
+
+def test_expiry_racing_heartbeat_fences_the_heartbeat(dsn: str, conn: Conn, other: Conn) -> None:
+    create(conn, "h")
+    d = dequeue_one(conn, lock_ms=50)
+    assert d is not None
+    travel(conn, 1_000)
+    with open_transaction(other):
+        again: list[Delivery] = dequeue(other)
+        assert len(again) == 1
+        late = Background(dsn, lambda c: call(c, "message_heartbeat", d.id, d.num_attempts, 60_000))
+        assert late.blocked()
+    assert late.join() == "stale"
+
+
+def test_two_completes_of_one_message_settle_once(dsn: str, conn: Conn, other: Conn) -> None:
+    create(conn, "c")
+    d = dequeue_one(conn)
+    assert d is not None
+    with open_transaction(other):
+        assert complete(other, d) == "completed"
+        twin = Background(dsn, lambda c: complete(c, d))
+        assert twin.blocked()
+    assert twin.join() == "not_found"
+    row = conn.execute("SELECT in_flight FROM fairq.channel WHERE name = 'c'").fetchone()
+    assert row is None or row[0] == 0
+    assert problems(conn) == []
+
+
+def test_cancel_racing_dequeue_of_the_same_message(dsn: str, conn: Conn, other: Conn) -> None:
+    mid, _ = create(conn, "x")
+    create(conn, "x")
+    with open_transaction(other):
+        assert call(other, "message_cancel", mid) == "cancelled"
+        got = dequeue(conn)  # the head being cancelled is skipped, the next one served
+        assert len(got) == 1 and got[0].id != mid
+    assert dequeue(conn) == []
+    assert problems(conn) == []
