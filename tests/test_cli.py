@@ -35,6 +35,8 @@ def test_help_and_usage_errors() -> None:
     assert missing_dsn.returncode == 2 and "DATABASE_URL" in missing_dsn.stderr
     assert fairq("frobnicate", dsn="dbname=x").returncode == 2
     assert fairq("worker", "no_colon", dsn="dbname=x").returncode == 2
+    missing_handler = fairq("worker", "no_such_module:run", dsn="dbname=x")
+    assert missing_handler.returncode == 2 and "no_such_module" in missing_handler.stderr
 
 
 def test_bench_and_demo_are_not_implemented_yet() -> None:

@@ -132,7 +132,10 @@ def _load_handler(spec: str) -> Callable[[Any], None]:
         raise argparse.ArgumentTypeError(f"expected MODULE:FUNCTION, got {spec!r}")
     # Like `python -m`, let the current directory's modules be found.
     sys.path.insert(0, os.getcwd())
-    handler = getattr(importlib.import_module(module_name), function_name)
+    try:
+        handler = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot load {spec}: {exc}") from exc
     if not callable(handler):
         raise argparse.ArgumentTypeError(f"{spec} is not callable")
     return handler  # type: ignore[no-any-return]

@@ -35,7 +35,7 @@ import psycopg
 
 from fairq import periodic
 from fairq.queue import Queue
-from fairq.types import Message, SettleStatus
+from fairq.types import CreateStatus, Message, SettleStatus
 
 __all__ = ["Backoff", "Worker"]
 
@@ -246,13 +246,17 @@ class Worker(Generic[T]):
         tick = periodic.tick(driver, datetime.now(timezone.utc))
         try:
             with self.queue.transaction() as conn:
-                self.queue._run(tick.work, conn)
+                work = self.queue._run(tick.work, conn)
                 status = self.queue._run(tick.reschedule, conn)
                 if status is not SettleStatus.DEFERRED:
                     raise _LostDriver(status.value)
         except _LostDriver as lost:
             log.warning("periodic %r: driver lock lost (%s), tick rolled back",
                         tick.schedule.name, lost)
+            return
+        if work.status is CreateStatus.DROPPED:
+            log.warning("periodic %r: channel %s is full, the tick due at %s was dropped",
+                        tick.schedule.name, tick.schedule.channel, tick.due_at)
 
     def _heartbeat_loop(self) -> None:
         interval = self.lock.total_seconds() / 3
