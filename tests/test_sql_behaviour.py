@@ -9,8 +9,19 @@ import psycopg
 import pytest
 
 from sqlq import (
-    Conn, call, channel_row, channels_of, complete, counts, create, create_many, dequeue,
-    dequeue_one, drain, problems, travel,
+    Conn,
+    call,
+    channel_row,
+    channels_of,
+    complete,
+    counts,
+    create,
+    create_many,
+    dequeue,
+    dequeue_one,
+    drain,
+    problems,
+    travel,
 )
 
 # -- 1. Fairness ---------------------------------------------------------------------

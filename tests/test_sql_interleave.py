@@ -16,7 +16,18 @@ from typing import Any
 import psycopg
 import pytest
 
-from sqlq import Conn, Delivery, call, complete, create, create_many, dequeue, dequeue_one, problems, travel
+from sqlq import (
+    Conn,
+    Delivery,
+    call,
+    complete,
+    create,
+    create_many,
+    dequeue,
+    dequeue_one,
+    problems,
+    travel,
+)
 
 
 @pytest.fixture
