@@ -82,8 +82,9 @@ def tick(driver: ReceivedMessage[Any], now: datetime) -> Tick:
     due_at = driver.dequeue_at
     missed = max(0, (now - due_at) // sched.interval)
     next_at = due_at + sched.interval * (missed + 1)
-    # Keyed by tick, so the same tick never has two work messages pending at once.
-    work_key = f"{PERIODIC_CHANNEL}:{sched.name}@{due_at.isoformat()}"
+    # Keyed by tick, so the same tick never has two work messages pending at once. The
+    # driver's id, not the name, keeps the key short whatever the name's length.
+    work_key = f"{PERIODIC_CHANNEL}:{driver.id}@{due_at.isoformat()}"
     work = _sql.create(sched.channel, sched.content, dequeue_at=None, delay=None,
                        priority=sched.priority, dedup_key=work_key)
     reschedule = _sql.defer(driver.id, driver.num_attempts, dequeue_at=next_at, delay=None,
