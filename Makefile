@@ -36,7 +36,7 @@ script:
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet -e '.[test,spark]'
 	touch $@
 
 venv: $(VENV)/.installed

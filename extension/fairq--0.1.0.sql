@@ -134,6 +134,19 @@ BEGIN
 END
 $config_dump$;
 
+COMMENT ON TYPE fairq.message_status IS
+    'Where a message is: scheduled (not yet due), ready (due, ordered by priority), locked (handed out, in flight).';
+COMMENT ON TABLE fairq.channel IS
+    'One row per channel (tenant): its policy, in-flight count and round-robin turn. Rows without a policy disappear when the channel is empty.';
+COMMENT ON TABLE fairq.channel_size IS
+    'Message count of each channel that has a max_size, in flight included.';
+COMMENT ON TABLE fairq.message IS
+    'Every message not yet completed, cancelled or dead: scheduled, ready or locked (in flight).';
+COMMENT ON TABLE fairq.dead_letter IS
+    'Messages that failed or ran out of attempts; fairq.dead_letter_retry puts one back.';
+COMMENT ON TABLE fairq.message_history IS
+    'One row per settled message (completed, dead, cancelled) while the setting fairq.history is on; read by the Spark report, trimmed by fairq.history_prune.';
+
 -- ==== sql/clock.sql ====
 
 -- clock.sql — the one clock every fairq function reads.
@@ -178,6 +191,12 @@ BEGIN
     RETURN fairq.clock();
 END
 $$;
+
+COMMENT ON TABLE fairq.clock_offset IS 'Shift of the queue''s clock from real time; zero except in tests.';
+COMMENT ON FUNCTION fairq.clock() IS
+    'The queue''s clock: the server''s clock_timestamp() at the moment of the call (plus the test shift, normally zero).';
+COMMENT ON FUNCTION fairq.clock_travel(bigint) IS
+    'Tests only, owner only: sets the queue''s clock to real time plus p_shift_ms and returns it.';
 
 -- ==== sql/validate.sql ====
 
@@ -575,6 +594,11 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION fairq.channel_set(text, integer, bigint, integer, integer) IS
+    'Upserts a channel''s policy. NULL means unlimited: p_max_concurrency messages in flight at once, p_release_interval_ms minimum gap between fresh releases, p_max_size messages held (in flight included), p_max_attempts deliveries before dead-lettering.';
+COMMENT ON FUNCTION fairq.channel_clear(text) IS
+    'Forgets a channel''s explicit policy (true if it had one); the channel reverts to no limits and disappears when empty.';
+
 -- ==== sql/create.sql ====
 
 -- create.sql — putting messages on channels.
@@ -728,6 +752,11 @@ BEGIN
                                           ARRAY[p_priority], ARRAY[p_dedup_key]) AS b;
 END
 $$;
+
+COMMENT ON FUNCTION fairq.message_create(text, bytea, timestamptz, integer, text) IS
+    'Puts a message on a channel (created on first use). Returns (id, created), (id of the existing message, duplicate) for a live dedup key, or (NULL, dropped) when the channel is at max_size.';
+COMMENT ON FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], integer[], text[]) IS
+    'message_create for many messages at once: one row per input element (ord = 1-based position). NULL elements of the optional arrays mean the defaults.';
 
 -- ==== sql/dequeue.sql ====
 
@@ -925,6 +954,9 @@ BEGIN
     END LOOP;
 END
 $$;
+
+COMMENT ON FUNCTION fairq.message_dequeue(bigint, integer) IS
+    'Hands out up to p_max_messages messages, each locked for p_lock_ms: channels take strict turns, within a channel the highest priority due message goes first. Zero rows means nothing is available. recovered is true when the previous lock expired unsettled.';
 
 -- ==== sql/settle.sql ====
 
@@ -1148,6 +1180,21 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION fairq.message_complete(bigint, bigint) IS
+    'Removes a message its caller holds (fenced by num_attempts): completed | not_found | stale.';
+COMMENT ON FUNCTION fairq.message_complete_batch(bigint[], bigint[]) IS
+    'message_complete for many messages: one (id, status) row per input element.';
+COMMENT ON FUNCTION fairq.message_defer(bigint, bigint, timestamptz, bytea) IS
+    'Unlocks a held message and reschedules it (NULL = now), keeping num_attempts; a non-NULL p_state replaces the saved state: deferred | not_found | stale.';
+COMMENT ON FUNCTION fairq.message_heartbeat(bigint, bigint, bigint) IS
+    'Extends a held message''s lock to now + p_lock_ms (never shortens it): heartbeated | not_found | stale.';
+COMMENT ON FUNCTION fairq.message_fail(bigint, bigint, text) IS
+    'Moves a held message to the dead letters now, with p_error: dead | not_found | stale.';
+COMMENT ON FUNCTION fairq.message_cancel(bigint) IS
+    'Removes a message that is not in flight: cancelled | not_found | locked.';
+COMMENT ON FUNCTION fairq.dead_letter_retry(bigint) IS
+    'Puts a dead letter back on its channel with num_attempts reset to 0 (same id and priority, no dedup key, not subject to max_size): requeued | not_found.';
+
 -- ==== sql/observe.sql ====
 
 -- observe.sql — what operators read from psql.
@@ -1241,6 +1288,15 @@ AS $$
     HAVING count(*) > 0
 $$;
 
+COMMENT ON VIEW fairq.channels IS
+    'Every channel with its policy and contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when its next turn comes; NULL when empty or at max_concurrency).';
+COMMENT ON VIEW fairq.dead_letters IS
+    'Messages that failed or ran out of attempts, with the error and when they died.';
+COMMENT ON FUNCTION fairq.history_prune(timestamptz) IS
+    'Deletes message_history rows settled before p_before; returns how many.';
+COMMENT ON FUNCTION fairq.check() IS
+    'Operator''s invariant check: one row per inconsistency between counters, turns and messages; no rows means healthy.';
+
 -- ==== sql/privileges.sql ====
 
 -- privileges.sql — who may call what.
@@ -1313,3 +1369,10 @@ REVOKE ALL ON FUNCTION fairq.grant_to(regrole, text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.grant_producer(regrole) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.grant_worker(regrole) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.grant_observer(regrole) FROM PUBLIC;
+
+COMMENT ON FUNCTION fairq.grant_producer(regrole) IS
+    'Lets a role create (single and batch) and cancel messages; it cannot dequeue or read contents.';
+COMMENT ON FUNCTION fairq.grant_worker(regrole) IS
+    'Lets a role dequeue, complete (single and batch), defer, heartbeat and fail messages.';
+COMMENT ON FUNCTION fairq.grant_observer(regrole) IS
+    'Lets a role read fairq.channels, fairq.dead_letters and fairq.message_history.';

@@ -246,3 +246,8 @@ BEGIN
     RETURN true;
 END
 $$;
+
+COMMENT ON FUNCTION fairq.channel_set(text, integer, bigint, integer, integer) IS
+    'Upserts a channel''s policy. NULL means unlimited: p_max_concurrency messages in flight at once, p_release_interval_ms minimum gap between fresh releases, p_max_size messages held (in flight included), p_max_attempts deliveries before dead-lettering.';
+COMMENT ON FUNCTION fairq.channel_clear(text) IS
+    'Forgets a channel''s explicit policy (true if it had one); the channel reverts to no limits and disappears when empty.';

@@ -40,3 +40,9 @@ BEGIN
     RETURN fairq.clock();
 END
 $$;
+
+COMMENT ON TABLE fairq.clock_offset IS 'Shift of the queue''s clock from real time; zero except in tests.';
+COMMENT ON FUNCTION fairq.clock() IS
+    'The queue''s clock: the server''s clock_timestamp() at the moment of the call (plus the test shift, normally zero).';
+COMMENT ON FUNCTION fairq.clock_travel(bigint) IS
+    'Tests only, owner only: sets the queue''s clock to real time plus p_shift_ms and returns it.';

@@ -149,3 +149,8 @@ BEGIN
                                           ARRAY[p_priority], ARRAY[p_dedup_key]) AS b;
 END
 $$;
+
+COMMENT ON FUNCTION fairq.message_create(text, bytea, timestamptz, integer, text) IS
+    'Puts a message on a channel (created on first use). Returns (id, created), (id of the existing message, duplicate) for a live dedup key, or (NULL, dropped) when the channel is at max_size.';
+COMMENT ON FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], integer[], text[]) IS
+    'message_create for many messages at once: one row per input element (ord = 1-based position). NULL elements of the optional arrays mean the defaults.';

@@ -192,3 +192,6 @@ BEGIN
     END LOOP;
 END
 $$;
+
+COMMENT ON FUNCTION fairq.message_dequeue(bigint, integer) IS
+    'Hands out up to p_max_messages messages, each locked for p_lock_ms: channels take strict turns, within a channel the highest priority due message goes first. Zero rows means nothing is available. recovered is true when the previous lock expired unsettled.';

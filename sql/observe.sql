@@ -88,3 +88,12 @@ AS $$
      WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = m.channel_id)
     HAVING count(*) > 0
 $$;
+
+COMMENT ON VIEW fairq.channels IS
+    'Every channel with its policy and contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when its next turn comes; NULL when empty or at max_concurrency).';
+COMMENT ON VIEW fairq.dead_letters IS
+    'Messages that failed or ran out of attempts, with the error and when they died.';
+COMMENT ON FUNCTION fairq.history_prune(timestamptz) IS
+    'Deletes message_history rows settled before p_before; returns how many.';
+COMMENT ON FUNCTION fairq.check() IS
+    'Operator''s invariant check: one row per inconsistency between counters, turns and messages; no rows means healthy.';

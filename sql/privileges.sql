@@ -68,3 +68,10 @@ REVOKE ALL ON FUNCTION fairq.grant_to(regrole, text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.grant_producer(regrole) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.grant_worker(regrole) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.grant_observer(regrole) FROM PUBLIC;
+
+COMMENT ON FUNCTION fairq.grant_producer(regrole) IS
+    'Lets a role create (single and batch) and cancel messages; it cannot dequeue or read contents.';
+COMMENT ON FUNCTION fairq.grant_worker(regrole) IS
+    'Lets a role dequeue, complete (single and batch), defer, heartbeat and fail messages.';
+COMMENT ON FUNCTION fairq.grant_observer(regrole) IS
+    'Lets a role read fairq.channels, fairq.dead_letters and fairq.message_history.';

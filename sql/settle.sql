@@ -217,3 +217,18 @@ BEGIN
     RETURN 'requeued';
 END
 $$;
+
+COMMENT ON FUNCTION fairq.message_complete(bigint, bigint) IS
+    'Removes a message its caller holds (fenced by num_attempts): completed | not_found | stale.';
+COMMENT ON FUNCTION fairq.message_complete_batch(bigint[], bigint[]) IS
+    'message_complete for many messages: one (id, status) row per input element.';
+COMMENT ON FUNCTION fairq.message_defer(bigint, bigint, timestamptz, bytea) IS
+    'Unlocks a held message and reschedules it (NULL = now), keeping num_attempts; a non-NULL p_state replaces the saved state: deferred | not_found | stale.';
+COMMENT ON FUNCTION fairq.message_heartbeat(bigint, bigint, bigint) IS
+    'Extends a held message''s lock to now + p_lock_ms (never shortens it): heartbeated | not_found | stale.';
+COMMENT ON FUNCTION fairq.message_fail(bigint, bigint, text) IS
+    'Moves a held message to the dead letters now, with p_error: dead | not_found | stale.';
+COMMENT ON FUNCTION fairq.message_cancel(bigint) IS
+    'Removes a message that is not in flight: cancelled | not_found | locked.';
+COMMENT ON FUNCTION fairq.dead_letter_retry(bigint) IS
+    'Puts a dead letter back on its channel with num_attempts reset to 0 (same id and priority, no dedup key, not subject to max_size): requeued | not_found.';

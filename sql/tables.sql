@@ -128,3 +128,16 @@ BEGIN
     END IF;
 END
 $config_dump$;
+
+COMMENT ON TYPE fairq.message_status IS
+    'Where a message is: scheduled (not yet due), ready (due, ordered by priority), locked (handed out, in flight).';
+COMMENT ON TABLE fairq.channel IS
+    'One row per channel (tenant): its policy, in-flight count and round-robin turn. Rows without a policy disappear when the channel is empty.';
+COMMENT ON TABLE fairq.channel_size IS
+    'Message count of each channel that has a max_size, in flight included.';
+COMMENT ON TABLE fairq.message IS
+    'Every message not yet completed, cancelled or dead: scheduled, ready or locked (in flight).';
+COMMENT ON TABLE fairq.dead_letter IS
+    'Messages that failed or ran out of attempts; fairq.dead_letter_retry puts one back.';
+COMMENT ON TABLE fairq.message_history IS
+    'One row per settled message (completed, dead, cancelled) while the setting fairq.history is on; read by the Spark report, trimmed by fairq.history_prune.';
