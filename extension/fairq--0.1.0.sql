@@ -166,11 +166,14 @@ CREATE TABLE fairq.clock_offset (
 );
 INSERT INTO fairq.clock_offset DEFAULT VALUES;
 
+-- plpgsql rather than SQL: a SQL function with a subquery is not inlined and would
+-- be planned again at every call; plpgsql keeps its plan for the session.
 CREATE FUNCTION fairq.clock() RETURNS timestamptz
-LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
-    SELECT clock_timestamp() + COALESCE((SELECT shift FROM fairq.clock_offset), interval '0')
+BEGIN
+    RETURN clock_timestamp() + coalesce((SELECT shift FROM fairq.clock_offset), interval '0');
+END
 $$;
 
 CREATE FUNCTION fairq.ms(p_milliseconds bigint) RETURNS interval
@@ -409,16 +412,19 @@ END
 $$;
 
 -- When the channel's earliest pending message becomes due, from the index heads.
+-- (plpgsql, not SQL, here and below: it keeps its plans for the session.)
 CREATE FUNCTION fairq.pending_due_at(p_channel_id bigint) RETURNS timestamptz
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT COALESCE(
+BEGIN
+    RETURN coalesce(
         (SELECT m.dequeue_at FROM fairq.message m
           WHERE m.channel_id = p_channel_id AND m.status = 'ready'
           ORDER BY m.priority DESC, m.dequeue_at, m.id LIMIT 1),
         (SELECT m.dequeue_at FROM fairq.message m
           WHERE m.channel_id = p_channel_id AND m.status = 'scheduled'
-          ORDER BY m.dequeue_at, m.id LIMIT 1))
+          ORDER BY m.dequeue_at, m.id LIMIT 1));
+END
 $$;
 
 -- True when no other transaction holds a lock on the channel row, i.e. no producer
@@ -467,8 +473,15 @@ $$;
 -- The channel row, locked for a change. Callers already hold the message they act
 -- on (lock order: message, then channel).
 CREATE FUNCTION fairq.channel_lock(p_channel_id bigint) RETURNS fairq.channel
-LANGUAGE sql
-AS $$ SELECT * FROM fairq.channel WHERE id = p_channel_id FOR NO KEY UPDATE $$;
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_channel fairq.channel;
+BEGIN
+    SELECT * INTO v_channel FROM fairq.channel WHERE id = p_channel_id FOR NO KEY UPDATE;
+    RETURN v_channel;
+END
+$$;
 
 -- A message became pending on the channel at p_due_at (create, defer, retry): make
 -- sure the channel has a turn no later than the message needs.
@@ -762,28 +775,33 @@ COMMENT ON FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], i
 
 -- dequeue.sql — handing out messages: the whole scheduling algorithm.
 --
--- One delivery, in order:
---   1. Recover expired locks (oldest first, a few per call): each message goes back
---      to 'ready' in its channel, frees its concurrency slot and waits for the
---      channel's next turn like any other message — a crash never lets one tenant's
---      recovered work jump the round-robin. (Past max_attempts it is buried.)
---   2. Take the eligible channel whose turn is earliest: one index lookup on
---      channel_turn_ix ((turn_at, turn_seq) WHERE turn_at IS NOT NULL). Channels at
---      max_concurrency, rate-limited channels and channels with nothing due have no
---      turn or a future one, so they cost nothing here. SKIP LOCKED spreads
---      concurrent dequeues over channels; if every eligible channel is busy with
---      another dequeue, a call that holds no other lock waits for one instead of
---      answering "empty" while work is waiting.
---   3. In that channel, promote scheduled messages that have come due to 'ready'
+-- One call, in order:
+--   1. Recover expired locks (oldest first, at most p_max_messages per call): each
+--      message goes back to 'ready' in its channel, frees its concurrency slot and
+--      waits for the channel's next turn like any other message — a crash never lets
+--      one tenant's recovered work jump the round-robin. (Past max_attempts it is
+--      buried instead.)
+--   2. Take the eligible channels whose turns are earliest, as many as messages are
+--      still wanted: one index scan of channel_turn_ix ((turn_at, turn_seq) WHERE
+--      turn_at IS NOT NULL). Channels at max_concurrency, rate-limited channels and
+--      channels with nothing due have no turn or a future one, so they cost nothing.
+--      SKIP LOCKED spreads concurrent dequeues over channels; if every eligible
+--      channel is busy with another call, a call that holds no lock yet waits briefly
+--      for one instead of answering "empty" while work is waiting.
+--   3. In those channels, promote scheduled messages that have come due to 'ready'
 --      (so priority orders everything due, and a future message waits however
---      urgent), then lock the best ready message: one index lookup on
---      message_ready_ix (priority DESC, dequeue_at, id).
---   4. Give the channel its next turn: at the back of the rotation (now, next
---      turn_seq), no earlier than now + release_interval_ms, no earlier than its
---      next message is due, and none while it is full.
--- A call with p_max_messages = n repeats 2-4 n times under one clock reading, which
--- is exactly n single dequeues in a row: turn_seq keeps the turns strict even though
--- every release in the call happens "at the same time".
+--      urgent), bury heads that would exceed max_attempts, then lock each channel's
+--      best ready message: one lookup on message_ready_ix (priority DESC,
+--      dequeue_at, id) per channel.
+--   4. Give each served channel its next turn, in the order they were served: at the
+--      back of the rotation (now, next turn_seq), no earlier than now +
+--      release_interval_ms, no earlier than its next message is due, and none while
+--      it is full. A channel that had nothing to hand out gets its turn recomputed.
+-- Serving k channels once each, in turn order, is exactly what k single dequeues in
+-- a row do: each served channel goes behind every channel still waiting. So a call
+-- with p_max_messages = n repeats steps 2-4 in rounds until n messages are out or no
+-- channel is eligible, and equals n single dequeues; turn_seq keeps the turns strict
+-- although every release in the call happens at the same instant.
 -- A dequeue should run in its own transaction: it locks the channels it serves
 -- until commit.
 
@@ -823,60 +841,61 @@ BEGIN
 END
 $$;
 
--- Steps 3 and 4 on a channel the caller has locked. Returns the locked message, or
--- a NULL row when the channel had nothing to hand out.
-CREATE FUNCTION fairq.channel_take(p_channel fairq.channel, p_now timestamptz, p_lock interval)
-RETURNS fairq.message
+-- Step 4 for a locked channel that had nothing to hand out: its due_at was early
+-- (a cancelled or concurrently taken head). Recompute it; if the channel is empty,
+-- collect it.
+CREATE FUNCTION fairq.channel_retire(p_channel_id bigint, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_channel fairq.channel := fairq.channel_lock(p_channel_id);
+BEGIN
+    v_channel.due_at := fairq.pending_due_at(p_channel_id);
+    IF (v_channel.due_at IS NULL OR v_channel.due_at > p_now)
+       AND NOT fairq.channel_quiet(p_channel_id) THEN
+        -- A producer is inserting into this channel right now and decided, seeing it
+        -- due, not to move its turn: keep it due; a later turn finds the message.
+        v_channel.due_at := p_now;
+    END IF;
+    v_channel := fairq.channel_store(v_channel, p_now, false);
+    PERFORM fairq.channel_collect(v_channel);
+END
+$$;
+
+-- Step 3's burial: heads of the given channels that one more delivery would take past
+-- max_attempts (a deferred message on its last attempt, or a lowered limit) die
+-- instead, until every head may be delivered.
+CREATE FUNCTION fairq.bury_exhausted_heads(p_channel_ids bigint[], p_now timestamptz)
+RETURNS void
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_message fairq.message;
+    v_channel fairq.channel;
+    v_buried boolean := true;
 BEGIN
-    -- SKIP LOCKED: a scheduled message being cancelled right now just stays put.
-    UPDATE fairq.message SET status = 'ready'
-     WHERE id IN (SELECT s.id FROM fairq.message s
-                   WHERE s.channel_id = p_channel.id AND s.status = 'scheduled'
-                     AND s.dequeue_at <= p_now
-                     FOR UPDATE SKIP LOCKED);
-    LOOP
-        SELECT * INTO v_message FROM fairq.message m
-         WHERE m.channel_id = p_channel.id AND m.status = 'ready'
-         ORDER BY m.priority DESC, m.dequeue_at, m.id
-         LIMIT 1
-           FOR UPDATE SKIP LOCKED;
-        EXIT WHEN NOT FOUND;
-        IF p_channel.max_attempts IS NULL OR v_message.num_attempts < p_channel.max_attempts THEN
-            UPDATE fairq.message
-               SET status = 'locked', locked_until = p_now + p_lock,
-                   num_attempts = num_attempts + 1,
-                   first_dequeued_at = coalesce(first_dequeued_at, p_now)
-             WHERE id = v_message.id
-            RETURNING * INTO v_message;
-            p_channel.in_flight := p_channel.in_flight + 1;
-            p_channel.last_release_at := p_now;
-            EXIT;
-        END IF;
-        -- Delivering it again would exceed max_attempts (e.g. a deferred message on
-        -- its last attempt, or a lowered limit): it dies instead.
-        DELETE FROM fairq.message WHERE id = v_message.id;
-        PERFORM fairq.bury(v_message, p_channel,
-                           format('max_attempts %s reached after %s deliveries',
-                                  p_channel.max_attempts, v_message.num_attempts), p_now);
-        v_message := NULL;
+    WHILE v_buried LOOP
+        v_buried := false;
+        FOR v_message IN
+            SELECT h.*
+              FROM fairq.channel c
+             CROSS JOIN LATERAL (
+                   SELECT * FROM fairq.message m
+                    WHERE m.channel_id = c.id AND m.status = 'ready'
+                    ORDER BY m.priority DESC, m.dequeue_at, m.id
+                    LIMIT 1
+                      FOR UPDATE SKIP LOCKED) h
+             WHERE c.id = ANY (p_channel_ids) AND c.max_attempts IS NOT NULL
+               AND h.num_attempts >= c.max_attempts
+        LOOP
+            SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
+            DELETE FROM fairq.message WHERE id = v_message.id;
+            PERFORM fairq.bury(v_message, v_channel,
+                               format('max_attempts %s reached after %s deliveries',
+                                      v_channel.max_attempts, v_message.num_attempts), p_now);
+            v_buried := true;
+        END LOOP;
     END LOOP;
-
-    p_channel.due_at := fairq.pending_due_at(p_channel.id);
-    IF (p_channel.due_at IS NULL OR p_channel.due_at > p_now)
-       AND NOT fairq.channel_quiet(p_channel.id) THEN
-        -- A producer is inserting into this channel right now and decided, seeing the
-        -- channel due, not to move its turn. Keep it due; a later turn finds the message.
-        p_channel.due_at := p_now;
-    END IF;
-    p_channel := fairq.channel_store(p_channel, p_now, false);
-    IF v_message.id IS NULL THEN
-        PERFORM fairq.channel_collect(p_channel);
-    END IF;
-    RETURN v_message;
 END
 $$;
 
@@ -915,42 +934,96 @@ DECLARE
     v_now timestamptz := fairq.clock();
     v_lock interval := fairq.ms(fairq.require_duration(p_lock_ms, 1, 'p_lock_ms'));
     v_channel fairq.channel;
-    v_message fairq.message;
+    v_picked bigint[];
+    v_ids bigint[];
+    v_served bigint[];
+    v_idle bigint;
     v_visited bigint[] := '{}';
-    v_served integer := 0;
+    v_count integer := 0;
     v_holds_locks boolean;
 BEGIN
     PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
+    -- Step 1.
     v_holds_locks := fairq.recover_expired(v_now, p_max_messages) > 0;
 
-    WHILE v_served < p_max_messages LOOP
-        SELECT * INTO v_channel FROM fairq.channel c
-         WHERE c.turn_at <= v_now AND c.id <> ALL (v_visited)
-         ORDER BY c.turn_at, c.turn_seq
-         LIMIT 1
-           FOR NO KEY UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
+    WHILE v_count < p_max_messages LOOP
+        -- Step 2.
+        v_picked := ARRAY(
+            SELECT c.id FROM fairq.channel c
+             WHERE c.turn_at <= v_now AND c.id <> ALL (v_visited)
+             ORDER BY c.turn_at, c.turn_seq
+             LIMIT p_max_messages - v_count
+               FOR NO KEY UPDATE SKIP LOCKED);
+        IF cardinality(v_picked) = 0 THEN
             EXIT WHEN v_holds_locks;
             v_channel := fairq.channel_wait(v_now);
             EXIT WHEN v_channel.id IS NULL;
+            v_picked := ARRAY[v_channel.id];
         END IF;
         v_holds_locks := true;
 
-        v_message := fairq.channel_take(v_channel, v_now, v_lock);
-        IF v_message.id IS NULL THEN
-            v_visited := v_visited || v_channel.id;
-            CONTINUE;
-        END IF;
-        v_served := v_served + 1;
-        id := v_message.id;
-        channel := v_channel.name;
-        content := v_message.content;
-        state := v_message.state;
-        num_attempts := v_message.num_attempts;
-        priority := v_message.priority;
-        dequeue_at := v_message.dequeue_at;
-        recovered := v_message.recovered;
-        RETURN NEXT;
+        -- Step 3.
+        UPDATE fairq.message m SET status = 'ready'
+         WHERE m.id IN (SELECT s.id FROM fairq.message s
+                         WHERE s.channel_id = ANY (v_picked) AND s.status = 'scheduled'
+                           AND s.dequeue_at <= v_now
+                           FOR UPDATE SKIP LOCKED);  -- a message being cancelled stays put
+        PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
+        WITH head AS (
+            SELECT p.pos, h.id
+              FROM unnest(v_picked) WITH ORDINALITY AS p(channel_id, pos)
+             CROSS JOIN LATERAL (
+                   SELECT m.id FROM fairq.message m
+                    WHERE m.channel_id = p.channel_id AND m.status = 'ready'
+                    ORDER BY m.priority DESC, m.dequeue_at, m.id
+                    LIMIT 1
+                      FOR UPDATE SKIP LOCKED) h
+        ), locked AS (
+            UPDATE fairq.message m
+               SET status = 'locked', locked_until = v_now + v_lock,
+                   num_attempts = m.num_attempts + 1,
+                   first_dequeued_at = coalesce(m.first_dequeued_at, v_now)
+              FROM head
+             WHERE m.id = head.id
+            RETURNING head.pos, m.id, m.channel_id
+        )
+        SELECT coalesce(array_agg(l.id ORDER BY l.pos), '{}'),
+               coalesce(array_agg(l.channel_id ORDER BY l.pos), '{}')
+          INTO v_ids, v_served
+          FROM locked l;
+
+        -- Step 4, for the served channels in the order they were served.
+        UPDATE fairq.channel c
+           SET in_flight = c.in_flight + 1,
+               last_release_at = v_now,
+               due_at = n.due_at,
+               turn_at = fairq.next_turn(NULL, n.due_at, v_now, c.release_interval_ms,
+                                         c.in_flight + 1, c.max_concurrency, v_now),
+               turn_seq = n.turn_seq
+          FROM (SELECT o.channel_id,
+                       CASE WHEN (o.pending IS NULL OR o.pending > v_now)
+                                 AND NOT fairq.channel_quiet(o.channel_id)
+                            THEN v_now  -- a producer is mid-insert: see channel_retire
+                            ELSE o.pending END AS due_at,
+                       nextval('fairq.turn_seq') AS turn_seq
+                  FROM (SELECT s.channel_id, fairq.pending_due_at(s.channel_id) AS pending
+                          FROM unnest(v_served) WITH ORDINALITY AS s(channel_id, pos)
+                         ORDER BY s.pos
+                        OFFSET 0) o) n
+         WHERE c.id = n.channel_id;
+        FOREACH v_idle IN ARRAY ARRAY(SELECT unnest(v_picked) EXCEPT SELECT unnest(v_served)) LOOP
+            PERFORM fairq.channel_retire(v_idle, v_now);
+            v_visited := v_visited || v_idle;
+        END LOOP;
+
+        RETURN QUERY
+            SELECT m.id, c.name, m.content, m.state, m.num_attempts, m.priority, m.dequeue_at,
+                   m.recovered
+              FROM unnest(v_ids) WITH ORDINALITY AS u(id, pos)
+              JOIN fairq.message m ON m.id = u.id
+              JOIN fairq.channel c ON c.id = m.channel_id
+             ORDER BY u.pos;
+        v_count := v_count + cardinality(v_ids);
     END LOOP;
 END
 $$;
@@ -974,10 +1047,14 @@ COMMENT ON FUNCTION fairq.message_dequeue(bigint, integer) IS
 
 -- 'stale' when the message exists (in another state or attempt), else 'not_found'.
 CREATE FUNCTION fairq.miss(p_id bigint, p_if_exists text) RETURNS text
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM fairq.message WHERE id = p_id)
-                THEN p_if_exists ELSE 'not_found' END
+BEGIN
+    IF EXISTS (SELECT 1 FROM fairq.message WHERE id = p_id) THEN
+        RETURN p_if_exists;
+    END IF;
+    RETURN 'not_found';
+END
 $$;
 
 CREATE FUNCTION fairq.message_complete_batch(p_ids bigint[], p_num_attempts bigint[])
@@ -988,11 +1065,9 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := fairq.clock();
-    v_input record;
-    v_message fairq.message;
-    v_done fairq.message[] := '{}';
+    v_done fairq.message[];
+    v_channel_ids bigint[];
     v_channel fairq.channel;
-    v_group record;
 BEGIN
     PERFORM fairq.require(p_ids, 'p_ids');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
@@ -1008,36 +1083,61 @@ BEGIN
             USING ERRCODE = '22004';
     END IF;
 
+    -- Messages first, in id order, then channels in id order: the global lock order.
     PERFORM 1 FROM fairq.message m WHERE m.id = ANY (p_ids) ORDER BY m.id FOR UPDATE;
-    FOR v_input IN
-        SELECT u.id, u.num_attempts FROM unnest(p_ids, p_num_attempts) WITH ORDINALITY AS u(id, num_attempts, i)
-         ORDER BY u.i
+    WITH first_claim AS (
+        -- An id listed twice is settled by its first occurrence only.
+        SELECT DISTINCT ON (u.id) u.id, u.num_attempts
+          FROM unnest(p_ids, p_num_attempts) WITH ORDINALITY AS u(id, num_attempts, i)
+         ORDER BY u.id, u.i
+    ), deleted AS (
+        DELETE FROM fairq.message m USING first_claim f
+         WHERE m.id = f.id AND m.status = 'locked' AND m.num_attempts = f.num_attempts
+        RETURNING m.*
+    )
+    SELECT coalesce(array_agg(d ORDER BY d.id), '{}') INTO v_done FROM deleted d;
+
+    v_channel_ids := ARRAY(SELECT DISTINCT d.channel_id FROM unnest(v_done) AS d ORDER BY 1);
+    PERFORM 1 FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) ORDER BY c.id FOR NO KEY UPDATE;
+    IF EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL) THEN
+        PERFORM 1 FROM fairq.channel_size s WHERE s.channel_id = ANY (v_channel_ids)
+         ORDER BY s.channel_id FOR UPDATE;
+        UPDATE fairq.channel_size s SET size = s.size - g.n
+          FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) g
+         WHERE s.channel_id = g.channel_id;
+    END IF;
+    PERFORM fairq.record_history(d, c.name, 'completed', v_now)
+       FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
+      WHERE coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1');
+
+    -- Free the slots (the set-based form of fairq.channel_unlock).
+    FOR v_channel IN
+        UPDATE fairq.channel c
+           SET in_flight = c.in_flight - g.n,
+               turn_at = fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
+                                         c.in_flight - g.n, c.max_concurrency, v_now),
+               turn_seq = CASE
+                   WHEN fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
+                                        c.in_flight - g.n, c.max_concurrency, v_now)
+                        IS NOT DISTINCT FROM c.turn_at THEN c.turn_seq
+                   ELSE nextval('fairq.turn_seq') END
+          FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) g
+         WHERE c.id = g.channel_id
+        RETURNING c.*
     LOOP
-        DELETE FROM fairq.message m
-         WHERE m.id = v_input.id AND m.status = 'locked' AND m.num_attempts = v_input.num_attempts
-        RETURNING * INTO v_message;
-        IF FOUND THEN
-            v_done := v_done || v_message;
-            id := v_input.id;
-            status := 'completed';
-        ELSE
-            id := v_input.id;
-            status := fairq.miss(v_input.id, 'stale');
-        END IF;
-        RETURN NEXT;
+        PERFORM fairq.notify_event('completed', v_channel.name,
+                                   (SELECT max(d.id) FROM unnest(v_done) AS d
+                                     WHERE d.channel_id = v_channel.id), NULL);
+        PERFORM fairq.channel_collect(v_channel);
     END LOOP;
 
-    FOR v_group IN
-        SELECT d.channel_id, count(*)::integer AS n, max(d.id) AS last_id
-          FROM unnest(v_done) AS d GROUP BY d.channel_id ORDER BY d.channel_id
-    LOOP
-        v_channel := fairq.channel_lock(v_group.channel_id);
-        PERFORM fairq.record_history(d, v_channel.name, 'completed', v_now)
-           FROM unnest(v_done) AS d WHERE d.channel_id = v_group.channel_id;
-        PERFORM fairq.channel_resize(v_channel, -v_group.n, false);
-        PERFORM fairq.channel_unlock(v_channel, v_group.n, NULL, v_now);
-        PERFORM fairq.notify_event('completed', v_channel.name, v_group.last_id, NULL);
-    END LOOP;
+    RETURN QUERY
+        SELECT u.id,
+               CASE WHEN d.id IS NOT NULL AND u.i = min(u.i) OVER (PARTITION BY u.id) THEN 'completed'
+                    ELSE fairq.miss(u.id, 'stale') END
+          FROM unnest(p_ids) WITH ORDINALITY AS u(id, i)
+          LEFT JOIN unnest(v_done) AS d ON d.id = u.id
+         ORDER BY u.i;
 END
 $$;
 

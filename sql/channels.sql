@@ -62,16 +62,19 @@ END
 $$;
 
 -- When the channel's earliest pending message becomes due, from the index heads.
+-- (plpgsql, not SQL, here and below: it keeps its plans for the session.)
 CREATE FUNCTION fairq.pending_due_at(p_channel_id bigint) RETURNS timestamptz
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT COALESCE(
+BEGIN
+    RETURN coalesce(
         (SELECT m.dequeue_at FROM fairq.message m
           WHERE m.channel_id = p_channel_id AND m.status = 'ready'
           ORDER BY m.priority DESC, m.dequeue_at, m.id LIMIT 1),
         (SELECT m.dequeue_at FROM fairq.message m
           WHERE m.channel_id = p_channel_id AND m.status = 'scheduled'
-          ORDER BY m.dequeue_at, m.id LIMIT 1))
+          ORDER BY m.dequeue_at, m.id LIMIT 1));
+END
 $$;
 
 -- True when no other transaction holds a lock on the channel row, i.e. no producer
@@ -120,8 +123,15 @@ $$;
 -- The channel row, locked for a change. Callers already hold the message they act
 -- on (lock order: message, then channel).
 CREATE FUNCTION fairq.channel_lock(p_channel_id bigint) RETURNS fairq.channel
-LANGUAGE sql
-AS $$ SELECT * FROM fairq.channel WHERE id = p_channel_id FOR NO KEY UPDATE $$;
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_channel fairq.channel;
+BEGIN
+    SELECT * INTO v_channel FROM fairq.channel WHERE id = p_channel_id FOR NO KEY UPDATE;
+    RETURN v_channel;
+END
+$$;
 
 -- A message became pending on the channel at p_due_at (create, defer, retry): make
 -- sure the channel has a turn no later than the message needs.

@@ -15,11 +15,14 @@ CREATE TABLE fairq.clock_offset (
 );
 INSERT INTO fairq.clock_offset DEFAULT VALUES;
 
+-- plpgsql rather than SQL: a SQL function with a subquery is not inlined and would
+-- be planned again at every call; plpgsql keeps its plan for the session.
 CREATE FUNCTION fairq.clock() RETURNS timestamptz
-LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
-    SELECT clock_timestamp() + COALESCE((SELECT shift FROM fairq.clock_offset), interval '0')
+BEGIN
+    RETURN clock_timestamp() + coalesce((SELECT shift FROM fairq.clock_offset), interval '0');
+END
 $$;
 
 CREATE FUNCTION fairq.ms(p_milliseconds bigint) RETURNS interval

@@ -12,10 +12,14 @@
 
 -- 'stale' when the message exists (in another state or attempt), else 'not_found'.
 CREATE FUNCTION fairq.miss(p_id bigint, p_if_exists text) RETURNS text
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM fairq.message WHERE id = p_id)
-                THEN p_if_exists ELSE 'not_found' END
+BEGIN
+    IF EXISTS (SELECT 1 FROM fairq.message WHERE id = p_id) THEN
+        RETURN p_if_exists;
+    END IF;
+    RETURN 'not_found';
+END
 $$;
 
 CREATE FUNCTION fairq.message_complete_batch(p_ids bigint[], p_num_attempts bigint[])
@@ -26,11 +30,9 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := fairq.clock();
-    v_input record;
-    v_message fairq.message;
-    v_done fairq.message[] := '{}';
+    v_done fairq.message[];
+    v_channel_ids bigint[];
     v_channel fairq.channel;
-    v_group record;
 BEGIN
     PERFORM fairq.require(p_ids, 'p_ids');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
@@ -46,36 +48,61 @@ BEGIN
             USING ERRCODE = '22004';
     END IF;
 
+    -- Messages first, in id order, then channels in id order: the global lock order.
     PERFORM 1 FROM fairq.message m WHERE m.id = ANY (p_ids) ORDER BY m.id FOR UPDATE;
-    FOR v_input IN
-        SELECT u.id, u.num_attempts FROM unnest(p_ids, p_num_attempts) WITH ORDINALITY AS u(id, num_attempts, i)
-         ORDER BY u.i
+    WITH first_claim AS (
+        -- An id listed twice is settled by its first occurrence only.
+        SELECT DISTINCT ON (u.id) u.id, u.num_attempts
+          FROM unnest(p_ids, p_num_attempts) WITH ORDINALITY AS u(id, num_attempts, i)
+         ORDER BY u.id, u.i
+    ), deleted AS (
+        DELETE FROM fairq.message m USING first_claim f
+         WHERE m.id = f.id AND m.status = 'locked' AND m.num_attempts = f.num_attempts
+        RETURNING m.*
+    )
+    SELECT coalesce(array_agg(d ORDER BY d.id), '{}') INTO v_done FROM deleted d;
+
+    v_channel_ids := ARRAY(SELECT DISTINCT d.channel_id FROM unnest(v_done) AS d ORDER BY 1);
+    PERFORM 1 FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) ORDER BY c.id FOR NO KEY UPDATE;
+    IF EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL) THEN
+        PERFORM 1 FROM fairq.channel_size s WHERE s.channel_id = ANY (v_channel_ids)
+         ORDER BY s.channel_id FOR UPDATE;
+        UPDATE fairq.channel_size s SET size = s.size - g.n
+          FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) g
+         WHERE s.channel_id = g.channel_id;
+    END IF;
+    PERFORM fairq.record_history(d, c.name, 'completed', v_now)
+       FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
+      WHERE coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1');
+
+    -- Free the slots (the set-based form of fairq.channel_unlock).
+    FOR v_channel IN
+        UPDATE fairq.channel c
+           SET in_flight = c.in_flight - g.n,
+               turn_at = fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
+                                         c.in_flight - g.n, c.max_concurrency, v_now),
+               turn_seq = CASE
+                   WHEN fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
+                                        c.in_flight - g.n, c.max_concurrency, v_now)
+                        IS NOT DISTINCT FROM c.turn_at THEN c.turn_seq
+                   ELSE nextval('fairq.turn_seq') END
+          FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) g
+         WHERE c.id = g.channel_id
+        RETURNING c.*
     LOOP
-        DELETE FROM fairq.message m
-         WHERE m.id = v_input.id AND m.status = 'locked' AND m.num_attempts = v_input.num_attempts
-        RETURNING * INTO v_message;
-        IF FOUND THEN
-            v_done := v_done || v_message;
-            id := v_input.id;
-            status := 'completed';
-        ELSE
-            id := v_input.id;
-            status := fairq.miss(v_input.id, 'stale');
-        END IF;
-        RETURN NEXT;
+        PERFORM fairq.notify_event('completed', v_channel.name,
+                                   (SELECT max(d.id) FROM unnest(v_done) AS d
+                                     WHERE d.channel_id = v_channel.id), NULL);
+        PERFORM fairq.channel_collect(v_channel);
     END LOOP;
 
-    FOR v_group IN
-        SELECT d.channel_id, count(*)::integer AS n, max(d.id) AS last_id
-          FROM unnest(v_done) AS d GROUP BY d.channel_id ORDER BY d.channel_id
-    LOOP
-        v_channel := fairq.channel_lock(v_group.channel_id);
-        PERFORM fairq.record_history(d, v_channel.name, 'completed', v_now)
-           FROM unnest(v_done) AS d WHERE d.channel_id = v_group.channel_id;
-        PERFORM fairq.channel_resize(v_channel, -v_group.n, false);
-        PERFORM fairq.channel_unlock(v_channel, v_group.n, NULL, v_now);
-        PERFORM fairq.notify_event('completed', v_channel.name, v_group.last_id, NULL);
-    END LOOP;
+    RETURN QUERY
+        SELECT u.id,
+               CASE WHEN d.id IS NOT NULL AND u.i = min(u.i) OVER (PARTITION BY u.id) THEN 'completed'
+                    ELSE fairq.miss(u.id, 'stale') END
+          FROM unnest(p_ids) WITH ORDINALITY AS u(id, i)
+          LEFT JOIN unnest(v_done) AS d ON d.id = u.id
+         ORDER BY u.i;
 END
 $$;
 
