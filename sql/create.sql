@@ -27,14 +27,21 @@ AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
     v_count integer := cardinality(fairq.require(p_channels, 'p_channels'));
-    v_ids bigint[];
-    v_statuses text[];
-    v_row record;
+    v_names text[] := '{}';
+    v_channel_ids bigint[] := '{}';
+    v_bounded fairq.channel[] := '{}';
     v_channel fairq.channel;
-    v_id bigint;
-    v_wake_at timestamptz;
-    v_first_id bigint;
+    v_channel_of bigint[];   -- per element: its channel's id
+    v_first_of integer[];    -- per element: the first element with its channel and dedup key
+    v_ids bigint[];          -- per element: the result
+    v_statuses text[];
+    v_candidates integer[];
+    v_new_ids bigint[];
+    v_inserted boolean[];
+    v_row record;
+    v_admitted integer;
     v_bad integer;
+    i integer;
 BEGIN
     PERFORM fairq.require(p_contents, 'p_contents');
     IF array_ndims(p_channels) > 1 OR cardinality(p_contents) <> v_count
@@ -60,69 +67,116 @@ BEGIN
         PERFORM fairq.require_dedup_key(p_dedup_keys[v_bad], format('p_dedup_keys[%s]', v_bad));
     END IF;
 
-    v_ids := array_fill(NULL::bigint, ARRAY[v_count]);
-    v_statuses := array_fill(NULL::text, ARRAY[v_count]);
+    -- Channels in name order (no deadlock between batches): share-lock each, create
+    -- it on first use, and move its turn forward if the batch's earliest message is
+    -- due before everything it holds. Moving the turn before inserting keeps the lock
+    -- order (channel, then size) and is harmless if nothing ends up created: a dequeue
+    -- that finds nothing recomputes the channel.
     FOR v_row IN
-        SELECT u.i, u.channel, u.content, coalesce(u.dequeue_at, v_now) AS dequeue_at,
-               coalesce(u.priority, 0) AS priority, u.dedup_key,
-               min(coalesce(u.dequeue_at, v_now)) OVER (PARTITION BY u.channel) AS channel_due_at,
-               u.channel IS DISTINCT FROM lead(u.channel) OVER (ORDER BY u.channel, u.i) AS last_of_channel
-          FROM unnest(p_channels, p_contents, p_dequeue_ats, p_priorities, p_dedup_keys)
-               WITH ORDINALITY AS u(channel, content, dequeue_at, priority, dedup_key, i)
-         ORDER BY u.channel, u.i
+        SELECT u.channel, min(coalesce(u.dequeue_at, v_now)) AS due_at
+          FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
+         GROUP BY u.channel ORDER BY u.channel
     LOOP
-        IF v_channel.name IS DISTINCT FROM v_row.channel THEN
-            v_channel := fairq.channel_for_producer(v_row.channel);
-            v_wake_at := NULL;
-            v_first_id := NULL;
-            -- Only messages due before everything the channel already holds need its
-            -- turn moved; otherwise the share lock suffices. Moving it first keeps the
-            -- lock order (channel, then size) and is harmless if nothing is created:
-            -- a dequeue that finds nothing recomputes the channel.
-            IF v_channel.due_at IS NULL
-               OR (v_row.channel_due_at < v_channel.due_at AND v_channel.due_at > v_now) THEN
-                PERFORM fairq.channel_wake(v_channel.id, v_row.channel_due_at, v_now);
-            END IF;
+        v_channel := fairq.channel_for_producer(v_row.channel);
+        IF v_channel.due_at IS NULL OR (v_row.due_at < v_channel.due_at AND v_channel.due_at > v_now) THEN
+            PERFORM fairq.channel_wake(v_channel.id, v_row.due_at, v_now);
         END IF;
-
-        <<place>>
-        LOOP
-            IF v_row.dedup_key IS NOT NULL THEN
-                SELECT m.id INTO v_id FROM fairq.message m
-                 WHERE m.channel_id = v_channel.id AND m.dedup_key = v_row.dedup_key;
-                IF FOUND THEN
-                    v_ids[v_row.i] := v_id;
-                    v_statuses[v_row.i] := 'duplicate';
-                    EXIT place;
-                END IF;
-            END IF;
-            IF fairq.channel_resize(v_channel, 1, true) = 0 THEN
-                v_statuses[v_row.i] := 'dropped';
-                EXIT place;
-            END IF;
-            INSERT INTO fairq.message
-                (channel_id, status, priority, dequeue_at, created_at, dedup_key, content)
-            VALUES (v_channel.id,
-                    CASE WHEN v_row.dequeue_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status,
-                    v_row.priority, v_row.dequeue_at, v_now, v_row.dedup_key, v_row.content)
-            ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-            RETURNING fairq.message.id INTO v_id;
-            IF FOUND THEN
-                v_ids[v_row.i] := v_id;
-                v_statuses[v_row.i] := 'created';
-                v_wake_at := LEAST(v_wake_at, v_row.dequeue_at);
-                v_first_id := coalesce(v_first_id, v_id);
-                EXIT place;
-            END IF;
-            -- A concurrent producer committed the same dedup key meanwhile: undo the
-            -- count and report that message as the duplicate.
-            PERFORM fairq.channel_resize(v_channel, -1, false);
-        END LOOP;
-
-        IF v_row.last_of_channel AND v_first_id IS NOT NULL THEN
-            PERFORM fairq.notify_event('created', v_channel.name, v_first_id, v_wake_at);
+        v_names := v_names || v_channel.name;
+        v_channel_ids := v_channel_ids || v_channel.id;
+        IF v_channel.max_size IS NOT NULL THEN
+            v_bounded := v_bounded || v_channel;
         END IF;
     END LOOP;
+
+    SELECT array_agg(e.channel_id ORDER BY e.i), array_agg(e.first_of ORDER BY e.i)
+      INTO v_channel_of, v_first_of
+      FROM (SELECT u.i, c.id AS channel_id,
+                   CASE WHEN u.dedup_key IS NULL THEN u.i
+                        ELSE min(u.i) OVER (PARTITION BY c.id, u.dedup_key) END::integer AS first_of
+              FROM unnest(p_channels, p_dedup_keys) WITH ORDINALITY AS u(channel, dedup_key, i)
+              JOIN unnest(v_names, v_channel_ids) AS c(name, id) ON c.name = u.channel) e;
+    v_ids := array_fill(NULL::bigint, ARRAY[v_count]);
+    v_statuses := array_fill(NULL::text, ARRAY[v_count]);
+
+    -- A dedup key that a live message of the channel already has: that message.
+    IF p_dedup_keys IS NOT NULL THEN
+        FOR v_row IN
+            SELECT u.i, m.id
+              FROM unnest(v_channel_of, p_dedup_keys) WITH ORDINALITY AS u(channel_id, dedup_key, i)
+              JOIN fairq.message m ON m.channel_id = u.channel_id AND m.dedup_key = u.dedup_key
+        LOOP
+            v_ids[v_row.i] := v_row.id;
+            v_statuses[v_row.i] := 'duplicate';
+        END LOOP;
+    END IF;
+
+    -- A bounded channel admits, in element order, only what fits under max_size.
+    FOREACH v_channel IN ARRAY v_bounded LOOP
+        v_candidates := ARRAY(
+            SELECT u.i FROM unnest(v_channel_of, v_first_of, v_statuses) WITH ORDINALITY AS u(channel_id, first_of, status, i)
+             WHERE u.channel_id = v_channel.id AND u.first_of = u.i AND u.status IS NULL ORDER BY u.i);
+        v_admitted := fairq.channel_resize(v_channel, cardinality(v_candidates), true);
+        FOR i IN v_admitted + 1 .. cardinality(v_candidates) LOOP
+            v_statuses[v_candidates[i]] := 'dropped';
+        END LOOP;
+    END LOOP;
+
+    -- Everything else is inserted in one statement. A conflict here means a
+    -- concurrent producer committed the same dedup key meanwhile.
+    WITH candidate AS MATERIALIZED (
+        SELECT x.*, nextval('fairq.message_id_seq') AS new_id
+          FROM (SELECT u.i, u.channel_id, u.content, coalesce(u.dequeue_at, v_now) AS dequeue_at,
+                       coalesce(u.priority, 0) AS priority, u.dedup_key
+                  FROM unnest(v_channel_of, p_contents, p_dequeue_ats, p_priorities, p_dedup_keys,
+                              v_first_of, v_statuses)
+                       WITH ORDINALITY AS u(channel_id, content, dequeue_at, priority, dedup_key,
+                                            first_of, status, i)
+                 WHERE u.first_of = u.i AND u.status IS NULL
+                 ORDER BY u.i
+                OFFSET 0) x
+    ), inserted AS (
+        INSERT INTO fairq.message
+            (id, channel_id, status, priority, dequeue_at, created_at, dedup_key, content)
+        SELECT c.new_id, c.channel_id,
+               CASE WHEN c.dequeue_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status,
+               c.priority, c.dequeue_at, v_now, c.dedup_key, c.content
+          FROM candidate c
+         ORDER BY c.i
+        ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+        RETURNING fairq.message.id
+    )
+    SELECT coalesce(array_agg(c.i::integer ORDER BY c.i), '{}'),
+           coalesce(array_agg(c.new_id ORDER BY c.i), '{}'),
+           coalesce(array_agg(n.id IS NOT NULL ORDER BY c.i), '{}')
+      INTO v_candidates, v_new_ids, v_inserted
+      FROM candidate c LEFT JOIN inserted n ON n.id = c.new_id;
+    FOR i IN 1 .. cardinality(v_candidates) LOOP
+        IF v_inserted[i] THEN
+            v_ids[v_candidates[i]] := v_new_ids[i];
+            v_statuses[v_candidates[i]] := 'created';
+        ELSE
+            SELECT m.id INTO v_ids[v_candidates[i]] FROM fairq.message m
+             WHERE m.channel_id = v_channel_of[v_candidates[i]]
+               AND m.dedup_key = p_dedup_keys[v_candidates[i]];
+            v_statuses[v_candidates[i]] := 'duplicate';
+            SELECT * INTO v_channel FROM fairq.channel WHERE id = v_channel_of[v_candidates[i]];
+            PERFORM fairq.channel_resize(v_channel, -1, false);
+        END IF;
+    END LOOP;
+
+    -- A repeated dedup key within the batch shares its first element's fate.
+    FOR i IN 1 .. v_count LOOP
+        IF v_first_of[i] <> i THEN
+            v_ids[i] := v_ids[v_first_of[i]];
+            v_statuses[i] := CASE WHEN v_statuses[v_first_of[i]] = 'dropped' THEN 'dropped' ELSE 'duplicate' END;
+        END IF;
+    END LOOP;
+
+    PERFORM fairq.notify_event('created', c.name, min(u.id), min(coalesce(u.dequeue_at, v_now)))
+       FROM unnest(v_channel_of, v_ids, v_statuses, p_dequeue_ats) AS u(channel_id, id, status, dequeue_at)
+       JOIN unnest(v_names, v_channel_ids) AS c(name, id) ON c.id = u.channel_id
+      WHERE u.status = 'created'
+      GROUP BY c.name;
 
     RETURN QUERY SELECT g.i::integer, v_ids[g.i], v_statuses[g.i] FROM generate_series(1, v_count) AS g(i);
 END
