@@ -39,11 +39,12 @@ def test_help_and_usage_errors() -> None:
     assert missing_handler.returncode == 2 and "no_such_module" in missing_handler.stderr
 
 
-def test_bench_and_demo_are_not_implemented_yet() -> None:
-    for command in ("bench", "demo"):
-        result = fairq(command)
-        assert result.returncode == 2
-        assert "not implemented yet" in result.stderr
+def test_bench_demo_and_report_are_handed_their_own_command_line() -> None:
+    for command in ("bench", "demo", "report"):
+        result = fairq(command, "--help")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"usage: fairq {command}"), result.stdout
+    assert "bench" in fairq("--help").stdout
 
 
 def test_channel_send_stats_and_dead_letters(dsn: str) -> None:

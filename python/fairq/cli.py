@@ -1,7 +1,10 @@
 """The ``fairq`` command line.
 
 Exit codes: 0 success, 1 the operation failed (database error, refused install, a
-message not found), 2 usage error (and commands not implemented yet).
+message not found), 2 usage error.
+
+``bench``, ``demo`` and ``report`` are programs of their own (fairq.bench,
+fairq.demo, fairq.report): the CLI hands them the rest of the command line.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ from fairq.worker import Worker
 __all__ = ["main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DELEGATED = {
+    "bench": ("fairq.bench", "measure fairq against plain SQL on this machine"),
+    "demo": ("fairq.demo", "watch fairness happen: a 20-second multi-tenant scenario"),
+    "report": ("fairq.report", "Spark report of fairq.message_history (needs the spark extra)"),
+}
 CODECS: dict[str, Callable[[], Codec[Any]]] = {
     "bytes": BytesCodec, "text": TextCodec, "json": JsonCodec}
 
@@ -106,8 +114,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--poll", type=_seconds, default=timedelta(seconds=5),
                      help="seconds between polls when no notification arrives")
 
-    commands.add_parser("bench", help="benchmark (not implemented yet)")
-    commands.add_parser("demo", help="demonstration (not implemented yet)")
+    for name, (_, summary) in DELEGATED.items():
+        commands.add_parser(name, help=summary)  # listed here, dispatched in main()
     return parser
 
 
@@ -142,10 +150,6 @@ def _load_handler(spec: str) -> Callable[[Any], None]:
 
 
 def _run(args: argparse.Namespace) -> None:
-    if args.command in ("bench", "demo"):
-        print(f"fairq {args.command}: not implemented yet", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
-
     if args.command in ("install", "upgrade"):
         scripts = Scripts(args.scripts) if args.scripts else None
         with psycopg.connect(args.dsn) as conn:
@@ -209,9 +213,13 @@ def _run(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments and arguments[0] in DELEGATED:
+        program = importlib.import_module(DELEGATED[arguments[0]][0])
+        return int(program.main(arguments[1:]))
     parser = _parser()
-    args = parser.parse_args(argv)
-    if not args.dsn and args.command not in ("bench", "demo"):
+    args = parser.parse_args(arguments)
+    if not args.dsn:
         parser.error("no database: pass --dsn or set DATABASE_URL")
     try:
         _run(args)
