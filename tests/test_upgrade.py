@@ -1,0 +1,80 @@
+"""Upgrades: installing an old released version and running ALTER EXTENSION fairq
+UPDATE yields exactly the catalog of a fresh install of the current version
+(compared as `pg_dump --schema-only`), for every released version.
+
+Released versions are the ones listed in extension/SHA256SUMS (their scripts are
+frozen; tests/test_sql_package.py checks the sums).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from conftest import Server
+from fairq.cluster import pg_bindir
+
+ROOT = Path(__file__).resolve().parent.parent
+EXTENSION = ROOT / "extension"
+
+
+def current_version() -> str:
+    control = (EXTENSION / "fairq.control").read_text()
+    match = re.search(r"default_version\s*=\s*'([^']+)'", control)
+    assert match
+    return match.group(1)
+
+
+def released_versions() -> list[str]:
+    sums = EXTENSION / "SHA256SUMS"
+    if not sums.exists():
+        return []
+    return [m.group(1) for m in re.finditer(r"fairq--(\d+\.\d+\.\d+)\.sql", sums.read_text())]
+
+
+def upgrade_scripts() -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) for p in EXTENSION.glob("fairq--*--*.sql")
+            if (m := re.fullmatch(r"fairq--(.+)--(.+)\.sql", p.name))]
+
+
+def schema_dump(server: Server, dbname: str) -> str:
+    out = subprocess.run(
+        [str(pg_bindir() / "pg_dump"), "--schema-only", "--no-owner", "--schema", "fairq",
+         "-d", server.dsn(dbname)],
+        check=True, capture_output=True, text=True).stdout
+    # Newer pg_dump prints a random \restrict token; nothing else may differ.
+    return "\n".join(line for line in out.splitlines() if not line.startswith("\\restrict")
+                     and not line.startswith("\\unrestrict"))
+
+
+def test_every_upgrade_script_starts_from_a_released_version() -> None:
+    released = set(released_versions())
+    for source, target in upgrade_scripts():
+        assert source in released, f"fairq--{source}--{target}.sql upgrades an unreleased version"
+    if not upgrade_scripts():
+        # Nothing to upgrade from yet: then the current version is the only script.
+        assert [p.name for p in EXTENSION.glob("fairq--*.sql")] == [f"fairq--{current_version()}.sql"]
+
+
+@pytest.mark.parametrize("old", [v for v in released_versions() if v != current_version()])
+def test_upgraded_install_equals_fresh_install(server: Server, old: str) -> None:
+    fresh, upgraded = server.create_database(), server.create_database()
+    try:
+        with psycopg.connect(server.dsn(upgraded), autocommit=True) as conn:
+            conn.execute("DROP EXTENSION fairq")
+            conn.execute("DROP SCHEMA fairq")
+            conn.execute(f"CREATE EXTENSION fairq VERSION '{old}'")
+            conn.execute("SELECT * FROM fairq.message_create('kept', 'across the upgrade')")
+            conn.execute("ALTER EXTENSION fairq UPDATE")
+            assert conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'fairq'"
+                                ).fetchone() == (current_version(),)
+            got = conn.execute("SELECT content FROM fairq.message_dequeue(1000)").fetchall()
+            assert got == [(b"across the upgrade",)]
+        assert schema_dump(server, upgraded) == schema_dump(server, fresh)
+    finally:
+        server.drop_database(fresh)
+        server.drop_database(upgraded)
