@@ -1461,7 +1461,7 @@ COMMENT ON FUNCTION fairq.check() IS
 --     callers need EXECUTE on them and USAGE on the schema, never table privileges;
 --   * a producer can create and cancel messages but neither dequeue nor read
 --     contents; a worker can dequeue and settle; an observer can read the views and
---     the history. Policy, retries and pruning stay with the owner (grant them
+--     the history, and run fairq.check(). Policy, retries and pruning stay with the owner (grant them
 --     explicitly to an operator role if needed).
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fairq FROM PUBLIC;
@@ -1515,7 +1515,8 @@ LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT fairq.grant_to(p_role, 'SELECT', ARRAY[
-        'fairq.channels', 'fairq.dead_letters', 'fairq.message_history'])
+        'fairq.channels', 'fairq.dead_letters', 'fairq.message_history']);
+    SELECT fairq.grant_to(p_role, 'EXECUTE', ARRAY['FUNCTION fairq.check()']);
 $$;
 
 -- The functions above were created after the blanket REVOKE.
@@ -1529,4 +1530,4 @@ COMMENT ON FUNCTION fairq.grant_producer(regrole) IS
 COMMENT ON FUNCTION fairq.grant_worker(regrole) IS
     'Lets a role dequeue, complete (single and batch), defer, heartbeat and fail messages.';
 COMMENT ON FUNCTION fairq.grant_observer(regrole) IS
-    'Lets a role read fairq.channels, fairq.dead_letters and fairq.message_history.';
+    'Lets a role read fairq.channels, fairq.dead_letters and fairq.message_history, and run fairq.check().';

@@ -268,9 +268,9 @@ def test_observer_can_read_the_views_and_history_only(
 ) -> None:
     role = make_role("observer")
     grant(conn, "observer", role)
-    assert executable_functions(conn, role) == set()
+    assert executable_functions(conn, role) == {"check"}  # the operator's invariant check
     assert table_privileges(conn, role) == {(r, "SELECT") for r in OBSERVER_READS}
-    assert outcomes_as(dsn, role, CALLS) == expected(CALLS, set())
+    assert outcomes_as(dsn, role, CALLS) == expected(CALLS, {"check"})
     assert outcomes_as(dsn, role, READS) == expected(READS, OBSERVER_READS)
 
     conn.execute("SET fairq.history = on")
@@ -286,6 +286,7 @@ def test_observer_can_read_the_views_and_history_only(
         assert read("SELECT channel, size FROM fairq.channels") == [("seen", 1)]
         assert read("SELECT error FROM fairq.dead_letters") == [("why",)]
         assert read("SELECT outcome FROM fairq.message_history") == [("dead",)]
+        assert read("SELECT * FROM fairq.check()") == []
 
 
 @pytest.mark.parametrize("kinds", [("producer",), ("worker",), ("observer",),
