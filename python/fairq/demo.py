@@ -476,7 +476,8 @@ def report(conn: Connection, scenario: Scenario, observed: Observed, since: date
                                 " WHERE channel LIKE 'demo-%'").fetchone()
     dead_rows = int(dead_letters[0]) if dead_letters else 0
     rep.check(dead_rows == dead,
-              f"the {dead} dead messages are in fairq.dead_letters ({dead_rows} rows there)")
+              f"dead letters: the {dead} dead messages are in fairq.dead_letters "
+              f"({dead_rows} rows there)")
     came_back = sum(1 for i in abandoned if i in recovered)
     fates = Counter(outcome.get(i, "unsettled") for i in abandoned)
     crashed_at = observed.crashed_at or 0.0
@@ -538,11 +539,17 @@ class DemoError(Exception):
     """The demo cannot run here; the message says why."""
 
 
-def with_history(dsn: str) -> str:
-    """The conninfo with ``fairq.history`` on for its sessions only."""
+def with_options(dsn: str, *settings: str) -> str:
+    """The conninfo with these settings for its sessions only."""
     params = conninfo_to_dict(dsn)
-    options = f"{params.get('options') or ''} -c fairq.history=on".strip()
-    return make_conninfo(dsn, options=options)
+    options = " ".join([str(params.get("options") or ""), *(f"-c {s}" for s in settings)])
+    return make_conninfo(dsn, options=options.strip())
+
+
+# The demo polls fairq.channels twice a second. Its plan is estimated far above
+# jit_above_cost (fairq.clock_offset is never analyzed), and JIT compilation then
+# costs ~0.5 s per query: the demo's own sessions go without JIT.
+NO_JIT = "jit=off"
 
 
 def check_database(conn: Connection) -> None:
@@ -560,7 +567,7 @@ def check_database(conn: Connection) -> None:
               "run it on an empty or scratch database, or without --dsn")
 
 
-def purge(conn: Connection, deadline: float) -> None:
+def purge(conn: Connection, deadline: float, scenario: Scenario) -> None:
     """Removes what the demo left in channels demo-*: queued messages (taken and
     completed, waiting for abandoned locks to expire) and dead letters (requeued, then
     cancelled). Only runs where no other channel holds messages."""
@@ -580,8 +587,10 @@ def purge(conn: Connection, deadline: float) -> None:
         for letter in dead:
             queue.dead_letter_retry(letter.id)
             queue.cancel(letter.id)
+    for tenant in scenario.tenants:
+        queue.channel_clear(tenant.name)
     # A cancel leaves its emptied channel for the next dequeue to collect: be it.
-    for _ in range(20):
+    for _ in range(5):
         if foreign_channels(conn) or not demo_channels(conn):
             break
         for message in queue.dequeue(timedelta(seconds=10), 1):
@@ -593,11 +602,8 @@ def purge(conn: Connection, deadline: float) -> None:
 
 def cleanup(dsn: str, scenario: Scenario, since: datetime | None, out: TextIO) -> None:
     """Leaves an existing database as the demo found it (best effort, said aloud)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        purge(conn, time.monotonic() + scenario.crash_lock.total_seconds() + 10)
-        queue: Queue[bytes] = Queue(conn)
-        for tenant in scenario.tenants:
-            queue.channel_clear(tenant.name)
+    with psycopg.connect(with_options(dsn, NO_JIT), autocommit=True) as conn:
+        purge(conn, time.monotonic() + scenario.crash_lock.total_seconds() + 10, scenario)
         if since is not None:
             try:
                 conn.execute("DELETE FROM fairq.message_history"
@@ -665,18 +671,21 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def scenario_run(dsn: str, scenario: Scenario, chart_path: Path | None, out: TextIO,
                  seed: int, existing: bool) -> int:
     observed = Observed()
+    dsn = with_options(dsn, NO_JIT)
     with psycopg.connect(dsn, autocommit=True) as conn:
         check_database(conn)
         if existing:
-            purge(conn, time.monotonic() + 15)  # leftovers of an interrupted run
+            purge(conn, time.monotonic() + 15, scenario)  # leftovers of an interrupted run
         queue: Queue[Any] = Queue(conn)
         for tenant in scenario.tenants:
-            queue.channel_set(tenant.name, max_concurrency=tenant.max_concurrency,
-                              release_interval=timedelta(milliseconds=tenant.release_interval_ms))
+            if tenant.policy != "-":
+                queue.channel_set(tenant.name, max_concurrency=tenant.max_concurrency,
+                                  release_interval=timedelta(
+                                      milliseconds=tenant.release_interval_ms))
         since = db_now(conn)
 
     # The workers' sessions record history (the report's source); nobody else's do.
-    work_dsn = with_history(dsn)
+    work_dsn = with_options(dsn, "fairq.history=on")
     workers: list[Worker[Any]] = []
     threads: list[threading.Thread] = []
     queues: list[Queue[Any]] = []
