@@ -143,7 +143,9 @@ def test_worker_example_processes_messages_and_stops_on_sigterm(dsn: str) -> Non
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, err
-    assert sorted(out.splitlines()) == sorted(f"tenant-{i % 2} {{'n': {i}}}" for i in range(5))
+    # Handlers print from several threads: match records, not lines.
+    printed = re.findall(r"tenant-\d \{'n': \d\}", out)
+    assert sorted(printed) == sorted(f"tenant-{i % 2} {{'n': {i}}}" for i in range(5)), out
 
 
 def test_cli_worker_block_parses() -> None:
