@@ -1,0 +1,70 @@
+"""Smoke test of ``fairq bench``: every scenario at a tiny size, against the test database.
+
+No timing assertions: the numbers only have to be there and be sane.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fairq import bench
+from fairq.bench_plots import write_plots
+
+KEYS = (
+    "floor_msgs_per_s", "fifo_msgs_per_s", "cycle_msgs_per_s", "cycle_vs_floor",
+    "batched_msgs_per_s", "batched_floor_msgs_per_s", "batched_vs_floor",
+    "depth_latency_ratio", "channels_latency_ratio", "fairness_wait_ratio", "jain_index",
+    "held_snapshot_ratio", "soak_ratio", "soak_sizes", "machine",
+)
+POSITIVE = (
+    "floor_msgs_per_s", "fifo_msgs_per_s", "cycle_msgs_per_s", "cycle_vs_floor",
+    "batched_msgs_per_s", "batched_floor_msgs_per_s", "batched_vs_floor",
+    "depth_latency_ratio", "channels_latency_ratio", "fairness_wait_ratio",
+    "held_snapshot_ratio", "soak_ratio",
+)
+
+pytestmark = pytest.mark.skipif(shutil.which("pgbench") is None, reason="pgbench not installed")
+
+
+def test_every_scenario_reports_every_key(dsn: str, tmp_path: Path) -> None:
+    sizes = dataclasses.replace(bench.TINY, depth_levels=(100, 400), latency_samples=20,
+                                channel_levels=(5, 100), fair_phase_s=0.6, soak_messages=1_000)
+    lines: list[str] = []
+    results = bench.run(dsn, sizes, log=lines.append)
+
+    for key in KEYS:
+        assert key in results, key
+    for key in POSITIVE:
+        value = results[key]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
+    assert 0 < results["jain_index"] <= 1 + 1e-9
+    assert results["machine"]["cores"] >= 1
+    assert results["machine"]["settings"]["fsync"] in ("on", "off")
+    for moment in ("before", "after"):
+        assert results["soak_sizes"][moment]["fairq.message"]["table"] >= 0
+    soak = results["details"]["soak"]
+    assert soak["completed"] == sizes.soak_messages and soak["remaining"] == 0
+    assert soak["check"] == []
+    assert any("floor" in line for line in lines)
+
+    # The run leaves the database as it found it: fairq consistent and empty.
+    assert bench.check(dsn) == []
+    # What main() writes: JSON (NaN-free), the table and the plots.
+    text = json.dumps(bench._clean(results))
+    assert "NaN" not in text
+    assert "cycle / floor" in bench.table(results)
+    written = write_plots(results, tmp_path / "plots")
+    assert {p.name for p in written} == {
+        "throughput.png", "latency_depth.png", "latency_channels.png", "fairness.png",
+        "soak.png"}
+    assert all(p.stat().st_size > 0 for p in written)
+
+
+def test_main_rejects_unknown_scenarios() -> None:
+    assert bench.main(["--only", "nonsense"]) == 2
