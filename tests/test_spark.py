@@ -1,0 +1,460 @@
+"""fairq.spark and fairq.report against a real cluster and one local Spark session.
+
+The session is ``local[2,2]``: two cores, and a task may fail twice (the second number
+of a local master is spark.task.maxFailures), so a failed task is retried once.
+Without pyspark or the JDBC driver these tests skip, except in CI (CI=true), where
+they fail: CI installs both.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from fairq import CancelStatus, Queue
+from fairq.spark import DEFAULT_JDBC_JAR, jdbc_properties, jdbc_url
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _require(ok: bool, why: str) -> None:
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why} (CI must install it)")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        _require(False, "pyspark is not installed (pip install '.[spark]')")
+    _require(Path(DEFAULT_JDBC_JAR).is_file(),
+             f"no JDBC driver at {DEFAULT_JDBC_JAR} (apt-get install libpostgresql-jdbc-java)")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2,2]").appName("fairq-tests")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.ui.enabled", "false")
+               .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+               .config("spark.jars", DEFAULT_JDBC_JAR)
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.default.parallelism", "2")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def jobs(spark: Any, rows: int = 10_000, tenants: int = 50, partitions: int = 4) -> Any:
+    """``rows`` jobs over ``tenants`` channels; row n sits in partition n // (rows / partitions)."""
+    from pyspark.sql import functions as F
+
+    return spark.range(0, rows, numPartitions=partitions).select(
+        F.col("id").alias("n"),
+        F.concat(F.lit("tenant-"), (F.col("id") % tenants).cast("string")).alias("tenant"),
+        F.struct(F.col("id").alias("n"), F.lit("resize").alias("job")).alias("body"))
+
+
+def fail_once_at(conn: psycopg.Connection[Any], n: int) -> None:
+    """The first insert of job ``n`` into fairq.message fails (a sequence, unlike a
+    table, remembers across the rollback), failing its batch and so its Spark task."""
+    conn.execute("CREATE SEQUENCE public.fail_once")
+    conn.execute(f"""
+        CREATE FUNCTION public.fail_once() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF convert_from(NEW.content, 'UTF8') LIKE '{{"n":{n},%'
+               AND nextval('public.fail_once') = 1 THEN
+                RAISE EXCEPTION 'injected failure at job {n}';
+            END IF;
+            RETURN NEW;
+        END $$""")
+    conn.execute("CREATE TRIGGER fail_once BEFORE INSERT ON fairq.message"
+                 " FOR EACH ROW EXECUTE FUNCTION public.fail_once()")
+
+
+def landed(conn: psycopg.Connection[Any]) -> tuple[int, int, int, int]:
+    """(messages, distinct jobs, distinct dedup keys, channels)."""
+    row = conn.execute(
+        "SELECT count(*), count(DISTINCT convert_from(content, 'UTF8')::jsonb->'n'),"
+        " count(DISTINCT dedup_key), count(DISTINCT channel_id) FROM fairq.message").fetchone()
+    assert row is not None
+    return row  # type: ignore[return-value]
+
+
+# -- enqueue --------------------------------------------------------------------------
+
+
+def test_dataframe_lands_exactly_once(spark: Any, conn: psycopg.Connection[Any]) -> None:
+    from fairq.spark import dedup_key_from, enqueue
+
+    df = jobs(spark)
+    result = enqueue(df, conn.info.dsn, channel="tenant", content="body",
+                     dedup_key=dedup_key_from("n", prefix="job-"), batch_size=700)
+    assert (result.created, result.duplicate, result.dropped) == (10_000, 0, 0)
+    assert landed(conn) == (10_000, 10_000, 10_000, 50)
+    per_channel = conn.execute("SELECT DISTINCT size FROM fairq.channels").fetchall()
+    assert per_channel == [(200,)]
+    name, content, key = conn.execute(
+        "SELECT c.name, convert_from(content, 'UTF8'), dedup_key FROM fairq.message m"
+        " JOIN fairq.channel c ON c.id = m.channel_id"
+        " WHERE convert_from(content, 'UTF8')::jsonb->>'n' = '7'").fetchone()  # type: ignore[misc]
+    assert (name, content) == ("tenant-7", '{"n":7,"job":"resize"}')
+    assert key.startswith("job-") and len(key) == 4 + 64
+
+    again = enqueue(df, conn.info.dsn, channel="tenant", content="body",
+                    dedup_key=dedup_key_from("n", prefix="job-"))
+    assert (again.created, again.duplicate, again.dropped) == (0, 10_000, 0)
+    assert landed(conn)[0] == 10_000
+
+
+def test_a_retried_task_does_not_enqueue_twice(spark: Any, conn: psycopg.Connection[Any]) -> None:
+    from fairq.spark import dedup_key_from, enqueue
+
+    # Job 7321 is the 2322nd row of partition 2 (5000..7499): with batches of 500, the
+    # failed attempt commits 2000 rows before its fifth batch fails.
+    fail_once_at(conn, 7321)
+    result = enqueue(jobs(spark), conn.info.dsn, channel="tenant", content="body",
+                     dedup_key=dedup_key_from("tenant", "n"), batch_size=500)
+    assert conn.execute("SELECT last_value FROM public.fail_once").fetchone() == (2,)
+    assert (result.created, result.duplicate, result.dropped) == (8_000, 2_000, 0)
+    assert landed(conn) == (10_000, 10_000, 10_000, 50)
+
+
+def test_without_dedup_keys_a_retried_task_enqueues_again(
+        spark: Any, conn: psycopg.Connection[Any]) -> None:
+    from fairq.spark import enqueue
+
+    fail_once_at(conn, 7321)
+    result = enqueue(jobs(spark), conn.info.dsn, channel="tenant", content="body",
+                     batch_size=500)
+    assert (result.created, result.duplicate, result.dropped) == (10_000, 0, 0)
+    messages, distinct_jobs, _, _ = landed(conn)
+    assert (messages, distinct_jobs) == (12_000, 10_000)  # the documented hazard
+
+
+def test_content_kinds_schedule_priority_and_drops(
+        spark: Any, conn: psycopg.Connection[Any]) -> None:
+    from pyspark.sql import functions as F
+
+    from fairq.spark import enqueue
+
+    later = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=timezone.utc)
+    rows = [("bin", bytearray(b"\x00\xff"), "é", 1, later, 5, "k1"),
+            ("bin", bytearray(b"\x01"), "b", 2, None, None, None),
+            ("full", bytearray(b"x"), "c", 3, None, -2, "k3"),
+            ("full", bytearray(b"y"), "d", 4, None, 0, "k4")]
+    df = spark.createDataFrame(
+        rows, "ch string, raw binary, txt string, n int, at timestamp, prio int, key string")
+    Queue(conn).channel_set("full", max_size=1)
+
+    result = enqueue(df, conn.info.dsn, channel="ch", content="raw", dequeue_at="at",
+                     priority="prio", dedup_key="key")
+    assert (result.created, result.duplicate, result.dropped) == (3, 0, 1)
+    stored = conn.execute(
+        "SELECT c.name, m.content, m.dequeue_at = %s, m.priority, m.dedup_key, m.status::text"
+        " FROM fairq.message m JOIN fairq.channel c ON c.id = m.channel_id ORDER BY m.content",
+        [later]).fetchall()
+    assert stored == [("bin", b"\x00\xff", True, 5, "k1", "scheduled"),
+                      ("bin", b"\x01", False, 0, None, "ready"),
+                      ("full", b"x", False, -2, "k3", "ready")]
+
+    text = enqueue(df.where("ch = 'bin'"), conn.info.dsn, channel=F.lit("text"), content="txt")
+    as_json = enqueue(df.where("ch = 'bin'"), conn.info.dsn, channel=F.lit("json"),
+                      content=F.struct("n", "txt"), batch_size=1)
+    assert text.created == as_json.created == 2
+    contents = conn.execute(
+        "SELECT c.name, m.content FROM fairq.message m JOIN fairq.channel c"
+        " ON c.id = m.channel_id WHERE c.name IN ('text', 'json') ORDER BY c.name, m.content"
+    ).fetchall()
+    assert contents == [("json", b'{"n":1,"txt":"\xc3\xa9"}'), ("json", b'{"n":2,"txt":"b"}'),
+                        ("text", b"b"), ("text", "é".encode())]
+    with pytest.raises(TypeError, match="content must be"):
+        enqueue(df, conn.info.dsn, channel="ch", content="n")
+
+
+# -- reading --------------------------------------------------------------------------
+
+
+def _micros(value: datetime) -> int:
+    return (value - EPOCH) // timedelta(microseconds=1)
+
+
+def spark_rows(df: Any) -> list[tuple[Any, ...]]:
+    """Rows with timestamps as epoch microseconds and binaries as bytes, sorted."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    cols = [F.unix_micros(f.name).alias(f.name) if isinstance(f.dataType, T.TimestampType)
+            else F.col(f.name) for f in df.schema.fields]
+    out = [tuple(bytes(v) if isinstance(v, bytearray) else v for v in row)
+           for row in df.select(*cols).collect()]
+    return sorted(out, key=repr)
+
+
+def sql_rows(conn: psycopg.Connection[Any], query: str) -> list[tuple[Any, ...]]:
+    out = [tuple(_micros(v) if isinstance(v, datetime) else v for v in row)
+           for row in conn.execute(query)]  # type: ignore[arg-type]
+    return sorted(out, key=repr)
+
+
+def lifecycle(conn: psycopg.Connection[Any]) -> int:
+    """Messages on three channels, some completed, dead, cancelled, in flight or still
+    queued, with history on; returns how many settled."""
+    conn.execute("SET fairq.history = on")
+    queue = Queue(conn)
+    queue.channel_set("c", max_attempts=2, max_concurrency=3)
+    for i in range(60):
+        queue.send("abc"[i % 3], f"job {i}".encode(), priority=i % 4)
+    for i, message in enumerate(queue.dequeue(timedelta(minutes=5), 40)):
+        if i % 5 == 0:
+            message.fail(f"error {i}")
+        elif i % 5 != 1:
+            message.complete()
+    cancelled = [queue.cancel(message_id) for message_id in range(1, 61)]
+    return 32 + sum(status is CancelStatus.CANCELLED for status in cancelled)
+
+
+def test_reads_return_what_sql_returns(spark: Any, conn: psycopg.Connection[Any]) -> None:
+    from fairq.spark import read
+
+    settled = lifecycle(conn)
+    assert 40 < settled < 60
+    url, props = jdbc_url(conn.info.dsn), jdbc_properties(conn.info.dsn)
+    expected = {
+        "channels": "SELECT * FROM fairq.channels",
+        "dead_letters": "SELECT * FROM fairq.dead_letters",
+        "message_history": "SELECT * FROM fairq.message_history",
+    }
+    counts = {}
+    for what, query in expected.items():
+        df = read(spark, url, what, properties=props, num_partitions=3)
+        want = sql_rows(conn, query)
+        assert df.columns == [d.name for d in conn.execute(query + " LIMIT 0").description or []]
+        assert spark_rows(df) == want, what
+        counts[what] = len(want)
+    assert counts == {"channels": 3, "dead_letters": 8, "message_history": settled}
+    assert read(spark, url, "message_history", properties=props).rdd.getNumPartitions() == 2
+    assert read(spark, url, "channels", properties=props).rdd.getNumPartitions() == 1
+
+    # since: rows settled at or after a moment; bounds given skip the min/max query.
+    cut = conn.execute("SELECT settled_at FROM fairq.message_history ORDER BY settled_at"
+                       " OFFSET 20 LIMIT 1").fetchone()[0]  # type: ignore[index]
+    recent = read(spark, url, "message_history", properties=props, since=cut, bounds=(1, 60))
+    assert spark_rows(recent) == sql_rows(
+        conn, f"SELECT * FROM fairq.message_history WHERE settled_at >= '{cut.isoformat()}'")
+    empty = read(spark, url, "dead_letters", properties=props,
+                 since=datetime(2100, 1, 1), num_partitions=4)
+    assert empty.count() == 0
+    with pytest.raises(ValueError, match="what must be one of"):
+        read(spark, url, "message", properties=props)
+
+
+def test_jdbc_url_from_libpq_dsn() -> None:
+    assert jdbc_url("host=127.0.0.1 port=5433 user=bob dbname=app") == \
+        "jdbc:postgresql://127.0.0.1:5433/app"
+    assert jdbc_url("postgresql://bob:s%40cret@db.example:6000/my%20db?sslmode=require"
+                    "&application_name=rep") == \
+        "jdbc:postgresql://db.example:6000/my%20db?sslmode=require&ApplicationName=rep"
+    assert jdbc_properties("postgresql://bob:s%40cret@db.example/x") == \
+        {"driver": "org.postgresql.Driver", "user": "bob", "password": "s@cret"}
+    assert jdbc_url("host=a,b port=1,2 dbname=d") == "jdbc:postgresql://a:1,b:2/d"
+    assert jdbc_url("host=::1 dbname=d") == "jdbc:postgresql://[::1]:5432/d"
+    with pytest.raises(ValueError, match="Unix-domain socket"):
+        jdbc_url("host=/var/run/postgresql dbname=d")
+
+
+# -- the report -----------------------------------------------------------------------
+
+BASE = datetime(2030, 1, 1, 10, 0, tzinfo=timezone.utc)
+
+
+def known_history(conn: psycopg.Connection[Any]) -> None:
+    """120 history rows over three channels and three hours, with ms-precision times."""
+    rnd = random.Random(7)
+    rows = []
+    for i in range(120):
+        channel = rnd.choices(["a", "b", "c"], weights=[5, 3, 1])[0]
+        created = BASE + timedelta(milliseconds=rnd.randrange(3 * 3600 * 1000))
+        outcome = rnd.choices(["completed", "dead", "cancelled"], weights=[8, 2, 1])[0]
+        first = None
+        if outcome != "cancelled" or rnd.random() < 0.5:
+            first = created + timedelta(milliseconds=rnd.randrange(1, 200_000))
+        settled = (first or created) + timedelta(milliseconds=rnd.randrange(0, 60_000))
+        attempts = 0 if first is None else rnd.choice([1, 1, 1, 2, 3])
+        rows.append((i + 1, channel, rnd.randrange(3), created, first, settled, attempts, outcome))
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO fairq.message_history VALUES (%s,%s,%s,%s,%s,%s,%s,%s)", rows)
+
+
+FIGURES = """
+    count(*) AS settled,
+    count(*) FILTER (WHERE outcome = 'completed') AS completed,
+    count(*) FILTER (WHERE outcome = 'dead') AS dead,
+    count(*) FILTER (WHERE outcome = 'cancelled') AS cancelled,
+    avg(num_attempts)::float8 AS mean_attempts,
+    (count(*) FILTER (WHERE outcome = 'dead'))::float8
+        / nullif(count(*) FILTER (WHERE outcome IN ('completed', 'dead')), 0) AS dead_letter_rate,
+    percentile_cont(0.5) WITHIN GROUP (ORDER BY wait) AS wait_p50_ms,
+    percentile_cont(0.95) WITHIN GROUP (ORDER BY wait) AS wait_p95_ms,
+    percentile_cont(0.99) WITHIN GROUP (ORDER BY wait) AS wait_p99_ms,
+    percentile_cont(0.5) WITHIN GROUP (ORDER BY proc) AS proc_p50_ms,
+    percentile_cont(0.95) WITHIN GROUP (ORDER BY proc) AS proc_p95_ms,
+    percentile_cont(0.99) WITHIN GROUP (ORDER BY proc) AS proc_p99_ms"""
+
+HISTORY = """(SELECT *, extract(epoch FROM first_dequeued_at - created_at)::float8 * 1000 AS wait,
+                     CASE WHEN outcome IN ('completed', 'dead')
+                          THEN extract(epoch FROM settled_at - first_dequeued_at)::float8 * 1000
+                     END AS proc
+                FROM fairq.message_history WHERE settled_at >= %(since)s) h"""
+
+FAIRNESS = """
+WITH h AS (SELECT * FROM fairq.message_history WHERE settled_at >= %(since)s),
+waiting AS (
+    SELECT DISTINCT channel, k FROM h,
+           generate_series(floor(extract(epoch FROM created_at) / %(w)s)::bigint,
+                           floor(extract(epoch FROM coalesce(first_dequeued_at, settled_at))
+                                 / %(w)s)::bigint) AS k),
+delivered AS (
+    SELECT channel, floor(extract(epoch FROM first_dequeued_at) / %(w)s)::bigint AS k,
+           count(*) AS x
+      FROM h WHERE first_dequeued_at IS NOT NULL GROUP BY 1, 2)
+SELECT to_timestamp(k * %(w)s) AS window_start, to_timestamp((k + 1) * %(w)s) AS window_end,
+       count(*) AS channels, sum(coalesce(x, 0))::bigint AS deliveries,
+       (sum(coalesce(x, 0))^2 / nullif(count(*) * sum(x * x), 0))::float8 AS jain_index
+  FROM waiting LEFT JOIN delivered USING (channel, k) GROUP BY k ORDER BY k"""
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return a is not None and b is not None and abs(a - b) <= 1e-9 * max(1.0, abs(b))
+    return bool(a == b)
+
+
+def assert_same(got: list[dict[str, Any]], want: list[dict[str, Any]], table: str) -> None:
+    assert len(got) == len(want), table
+    for g, w in zip(got, want, strict=True):
+        for key, value in w.items():
+            assert _close(g[key], value), (table, key, g, w)
+
+
+def test_report_figures_equal_sql(spark: Any, conn: psycopg.Connection[Any],
+                                  tmp_path: Path) -> None:
+    from fairq import report
+
+    known_history(conn)
+    since = BASE + timedelta(minutes=20)
+    params = {"since": since, "w": 600}
+    out = tmp_path / "report"
+    assert report.main(["--dsn", conn.info.dsn, "--out", str(out), "--since", since.isoformat(),
+                        "--window", "600", "--top", "2"]) == 0
+
+    def parquet(name: str) -> list[dict[str, Any]]:
+        df = spark.read.parquet(str(out / "parquet" / name))
+        return [dict(zip(df.columns, row, strict=True)) for row in spark_rows(df)]
+
+    def sql(query: str) -> list[dict[str, Any]]:
+        with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+            return [{k: _micros(v) if isinstance(v, datetime) else v for k, v in row.items()}
+                    for row in cur.execute(query, params)]  # type: ignore[arg-type]
+
+    want_channels = sql(f"SELECT channel, {FIGURES} FROM {HISTORY} GROUP BY channel ORDER BY channel")
+    assert [r["channel"] for r in want_channels] == ["a", "b", "c"]
+    assert_same(sorted(parquet("channels"), key=lambda r: r["channel"]), want_channels, "channels")
+    want_hours = sql(f"SELECT date_trunc('hour', settled_at, 'UTC') AS hour,"
+                     f" count(DISTINCT channel) AS channels, {FIGURES}"
+                     f" FROM {HISTORY} GROUP BY 1 ORDER BY 1")
+    assert len(want_hours) >= 3
+    assert_same(sorted(parquet("hours"), key=lambda r: r["hour"]), want_hours, "hours")
+    want_summary = sql(f"SELECT count(DISTINCT channel) AS channels, min(settled_at) AS"
+                       f" first_settled_at, max(settled_at) AS last_settled_at, {FIGURES}"
+                       f" FROM {HISTORY}")
+    assert want_summary[0]["settled"] < 120  # --since left some out
+    assert_same(parquet("summary"), want_summary, "summary")
+    assert_same(sorted(parquet("channel_hours"), key=lambda r: (r["hour"], r["channel"])),
+                sql("SELECT date_trunc('hour', settled_at, 'UTC') AS hour, channel,"
+                    " count(*) AS settled, count(*) FILTER (WHERE outcome = 'completed')"
+                    " AS completed FROM fairq.message_history WHERE settled_at >= %(since)s"
+                    " GROUP BY 1, 2 ORDER BY 1, 2"), "channel_hours")
+    assert_same(sorted(parquet("attempts"), key=lambda r: (r["channel"], r["num_attempts"])),
+                sql("SELECT channel, num_attempts, count(*) AS messages FROM"
+                    " fairq.message_history WHERE settled_at >= %(since)s GROUP BY 1, 2"
+                    " ORDER BY 1, 2"), "attempts")
+    want_fairness = sql(FAIRNESS)
+    assert len(want_fairness) > 10
+    assert any(r["jain_index"] is not None and r["jain_index"] < 1 for r in want_fairness)
+    fairness = sorted(parquet("fairness"), key=lambda r: r["window_start"])
+    assert_same(fairness, want_fairness, "fairness")
+    summary = parquet("summary")[0]
+    jains = [r["jain_index"] for r in want_fairness if r["jain_index"] is not None]
+    assert _close(summary["jain_mean"], sum(jains) / len(jains))
+    assert _close(summary["jain_min"], min(jains))
+
+    # The CSV files say the same as the Parquet ones, timestamps in ISO 8601 UTC.
+    with open(out / "csv" / "hours.csv", newline="") as fh:
+        hours_csv = list(csv.DictReader(fh))
+    assert [datetime.fromisoformat(r["hour"].replace("Z", "+00:00")) for r in hours_csv] == \
+        [EPOCH + timedelta(microseconds=r["hour"]) for r in want_hours]
+    assert [float(r["wait_p95_ms"]) for r in hours_csv] == \
+        pytest.approx([r["wait_p95_ms"] for r in want_hours])
+    page = (out / "index.html").read_text()
+    for name in report.TABLES:
+        assert f'href="csv/{name}.csv"' in page and f'href="parquet/{name}/"' in page
+        assert (out / "csv" / f"{name}.csv").stat().st_size > 0
+        assert list((out / "parquet" / name).glob("*.parquet"))
+    charts = sorted(p.name for p in (out / "charts").glob("*.png"))
+    assert charts == ["attempts.png", "channels.png", "fairness.png", "proc_time.png",
+                      "throughput.png", "wait_time.png"]
+    for chart in charts:
+        assert f'src="charts/{chart}"' in page
+        assert (out / "charts" / chart).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_of_an_empty_history(spark: Any, conn: psycopg.Connection[Any],
+                                    tmp_path: Path) -> None:
+    from fairq import report
+
+    assert report.main(["--dsn", conn.info.dsn, "--out", str(tmp_path)]) == 0
+    summary = spark.read.parquet(str(tmp_path / "parquet" / "summary")).collect()
+    assert summary[0]["settled"] == 0 and summary[0]["windows"] == 0
+    assert "no history" not in (tmp_path / "index.html").read_text()  # charts say it
+    assert (tmp_path / "charts" / "fairness.png").is_file()
+
+
+def test_report_command_line() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fairq.report", *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    shown = run("--help")
+    assert shown.returncode == 0 and "--since" in shown.stdout
+    assert run("--out", "x").returncode == 2  # no DSN
+    assert run("--dsn", "host=/tmp dbname=x", "--out", "x").returncode == 2
+    bad_since = run("--dsn", "dbname=x", "--out", "x", "--since", "yesterday")
+    assert bad_since.returncode == 2 and "24h" in bad_since.stderr
+
+
+def test_parse_since() -> None:
+    from fairq.report import parse_since
+
+    now = datetime(2030, 1, 2, tzinfo=timezone.utc)
+    assert parse_since("24h", now) == datetime(2030, 1, 1, tzinfo=timezone.utc)
+    assert parse_since("90m", now) == now - timedelta(minutes=90)
+    assert parse_since("2030-01-01T05:00:00") == datetime(2030, 1, 1, 5, tzinfo=timezone.utc)
+    assert parse_since("2030-01-01T05:00:00+02:00") == datetime(2030, 1, 1, 3, tzinfo=timezone.utc)
