@@ -411,21 +411,23 @@ BEGIN
 END
 $$;
 
--- When the channel's earliest pending message becomes due, from the index heads.
--- (plpgsql, not SQL, here and below: it keeps its plans for the session.)
-CREATE FUNCTION fairq.pending_due_at(p_channel_id bigint) RETURNS timestamptz
-LANGUAGE plpgsql STABLE
+-- When a channel's earliest pending message becomes due, from the index heads. A
+-- one-row SQL table function, so that `CROSS JOIN LATERAL fairq.pending_due_at(id)`
+-- is inlined into the caller's plan (the dequeue updates many channels at once).
+CREATE FUNCTION fairq.pending_due_at(p_channel_id bigint) RETURNS TABLE(due_at timestamptz)
+LANGUAGE sql STABLE
 AS $$
-BEGIN
-    RETURN coalesce(
+    SELECT coalesce(
         (SELECT m.dequeue_at FROM fairq.message m
           WHERE m.channel_id = p_channel_id AND m.status = 'ready'
           ORDER BY m.priority DESC, m.dequeue_at, m.id LIMIT 1),
         (SELECT m.dequeue_at FROM fairq.message m
           WHERE m.channel_id = p_channel_id AND m.status = 'scheduled'
-          ORDER BY m.dequeue_at, m.id LIMIT 1));
-END
+          ORDER BY m.dequeue_at, m.id LIMIT 1))
 $$;
+
+-- (plpgsql, not SQL, below: a SQL function that cannot be inlined would be planned
+-- again at every call; plpgsql keeps its plans for the session.)
 
 -- True when no other transaction holds a lock on the channel row, i.e. no producer
 -- is inserting into it right now. Takes FOR UPDATE, so producers that arrive later
@@ -655,6 +657,7 @@ DECLARE
     v_new_ids bigint[];
     v_inserted boolean[];
     v_row record;
+    v_earliest timestamptz;
     v_admitted integer;
     v_bad integer;
     i integer;
@@ -683,22 +686,29 @@ BEGIN
         PERFORM fairq.require_dedup_key(p_dedup_keys[v_bad], format('p_dedup_keys[%s]', v_bad));
     END IF;
 
-    -- Channels in name order (no deadlock between batches): share-lock each, create
-    -- it on first use, and move its turn forward if the batch's earliest message is
-    -- due before everything it holds. Moving the turn before inserting keeps the lock
-    -- order (channel, then size) and is harmless if nothing ends up created: a dequeue
-    -- that finds nothing recomputes the channel.
+    -- Share-lock every channel (creating it on first use); the share lock conflicts
+    -- only with channel_set/channel_clear, which lock one channel each.
     FOR v_row IN
-        SELECT u.channel, min(coalesce(u.dequeue_at, v_now)) AS due_at
-          FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
-         GROUP BY u.channel ORDER BY u.channel
+        SELECT DISTINCT u.channel FROM unnest(p_channels) AS u(channel) ORDER BY u.channel
     LOOP
         v_channel := fairq.channel_for_producer(v_row.channel);
-        IF v_channel.due_at IS NULL OR (v_row.due_at < v_channel.due_at AND v_channel.due_at > v_now) THEN
-            PERFORM fairq.channel_wake(v_channel.id, v_row.due_at, v_now);
-        END IF;
         v_names := v_names || v_channel.name;
         v_channel_ids := v_channel_ids || v_channel.id;
+    END LOOP;
+    -- Then, in channel id order like every fairq call that locks several channels,
+    -- move a channel's turn forward if the batch's earliest message for it is due
+    -- before everything it holds. Doing so before inserting keeps the lock order
+    -- (channel, then size) and is harmless if nothing ends up created: a dequeue that
+    -- finds nothing recomputes the channel.
+    FOR v_channel IN
+        SELECT c.* FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) ORDER BY c.id
+    LOOP
+        SELECT min(coalesce(u.dequeue_at, v_now)) INTO v_earliest
+          FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
+         WHERE u.channel = v_channel.name;
+        IF v_channel.due_at IS NULL OR (v_earliest < v_channel.due_at AND v_channel.due_at > v_now) THEN
+            PERFORM fairq.channel_wake(v_channel.id, v_earliest, v_now);
+        END IF;
         IF v_channel.max_size IS NOT NULL THEN
             v_bounded := v_bounded || v_channel;
         END IF;
@@ -763,9 +773,9 @@ BEGIN
     )
     SELECT coalesce(array_agg(c.i::integer ORDER BY c.i), '{}'),
            coalesce(array_agg(c.new_id ORDER BY c.i), '{}'),
-           coalesce(array_agg(n.id IS NOT NULL ORDER BY c.i), '{}')
+           coalesce(array_agg(c.new_id IN (SELECT n.id FROM inserted n) ORDER BY c.i), '{}')
       INTO v_candidates, v_new_ids, v_inserted
-      FROM candidate c LEFT JOIN inserted n ON n.id = c.new_id;
+      FROM candidate c;
     FOR i IN 1 .. cardinality(v_candidates) LOOP
         IF v_inserted[i] THEN
             v_ids[v_candidates[i]] := v_new_ids[i];
@@ -855,7 +865,10 @@ COMMENT ON FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], i
 -- a row do: each served channel goes behind every channel still waiting. So a call
 -- with p_max_messages = n repeats steps 2-4 in rounds until n messages are out or no
 -- channel is eligible, and equals n single dequeues; turn_seq keeps the turns strict
--- although every release in the call happens at the same instant.
+-- although every release in the call happens at the same instant. (Rounds after the
+-- first serve only the channels the first round locked: a channel another call
+-- released meanwhile waits for the next call, so that no call acquires a row lock
+-- while it holds others it acquired by turn order.)
 -- A dequeue should run in its own transaction: it locks the channels it serves
 -- until commit.
 
@@ -904,7 +917,7 @@ AS $$
 DECLARE
     v_channel fairq.channel := fairq.channel_lock(p_channel_id);
 BEGIN
-    v_channel.due_at := fairq.pending_due_at(p_channel_id);
+    v_channel.due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
     IF (v_channel.due_at IS NULL OR v_channel.due_at > p_now)
        AND NOT fairq.channel_quiet(p_channel_id) THEN
         -- A producer is inserting into this channel right now and decided, seeing it
@@ -993,6 +1006,7 @@ DECLARE
     v_served bigint[];
     v_idle bigint;
     v_visited bigint[] := '{}';
+    v_held bigint[];
     v_count integer := 0;
     v_holds_locks boolean;
 BEGIN
@@ -1002,9 +1016,12 @@ BEGIN
 
     WHILE v_count < p_max_messages LOOP
         -- Step 2.
+        -- After the first round, only channels this call already holds: taking new
+        -- row locks while holding others is how lock cycles start.
         v_picked := ARRAY(
             SELECT c.id FROM fairq.channel c
              WHERE c.turn_at <= v_now AND c.id <> ALL (v_visited)
+               AND (v_held IS NULL OR c.id = ANY (v_held))
              ORDER BY c.turn_at, c.turn_seq
              LIMIT p_max_messages - v_count
                FOR NO KEY UPDATE SKIP LOCKED);
@@ -1015,6 +1032,7 @@ BEGIN
             v_picked := ARRAY[v_channel.id];
         END IF;
         v_holds_locks := true;
+        v_held := coalesce(v_held, v_picked);
 
         -- Step 3.
         UPDATE fairq.message m SET status = 'ready'
@@ -1060,10 +1078,12 @@ BEGIN
                             THEN v_now  -- a producer is mid-insert: see channel_retire
                             ELSE o.pending END AS due_at,
                        nextval('fairq.turn_seq') AS turn_seq
-                  FROM (SELECT s.channel_id, fairq.pending_due_at(s.channel_id) AS pending
+                  FROM (SELECT s.channel_id, p.due_at AS pending
                           FROM unnest(v_served) WITH ORDINALITY AS s(channel_id, pos)
+                         CROSS JOIN LATERAL fairq.pending_due_at(s.channel_id) AS p
                          ORDER BY s.pos
-                        OFFSET 0) o) n
+                        OFFSET 0) o
+                OFFSET 0) n  -- keeps n.due_at a plain column, so next_turn is inlined
          WHERE c.id = n.channel_id;
         FOREACH v_idle IN ARRAY ARRAY(SELECT unnest(v_picked) EXCEPT SELECT unnest(v_served)) LOOP
             PERFORM fairq.channel_retire(v_idle, v_now);
@@ -1371,7 +1391,9 @@ SELECT c.name AS channel,
        c.in_flight,
        c.turn_at AS next_dequeue_at
   FROM fairq.channel c
- CROSS JOIN (SELECT clock_timestamp() + shift AS now FROM fairq.clock_offset) k
+ -- A scalar subquery, evaluated once: joined as a table, the one-row clock_offset
+ -- (never analyzed) would be costed at thousands of rows and drag in JIT.
+ CROSS JOIN (SELECT (SELECT clock_timestamp() + shift FROM fairq.clock_offset) AS now) k
  CROSS JOIN LATERAL (
        SELECT (SELECT count(*) FROM fairq.message m
                 WHERE m.channel_id = c.id AND m.status = 'ready')

@@ -61,21 +61,23 @@ BEGIN
 END
 $$;
 
--- When the channel's earliest pending message becomes due, from the index heads.
--- (plpgsql, not SQL, here and below: it keeps its plans for the session.)
-CREATE FUNCTION fairq.pending_due_at(p_channel_id bigint) RETURNS timestamptz
-LANGUAGE plpgsql STABLE
+-- When a channel's earliest pending message becomes due, from the index heads. A
+-- one-row SQL table function, so that `CROSS JOIN LATERAL fairq.pending_due_at(id)`
+-- is inlined into the caller's plan (the dequeue updates many channels at once).
+CREATE FUNCTION fairq.pending_due_at(p_channel_id bigint) RETURNS TABLE(due_at timestamptz)
+LANGUAGE sql STABLE
 AS $$
-BEGIN
-    RETURN coalesce(
+    SELECT coalesce(
         (SELECT m.dequeue_at FROM fairq.message m
           WHERE m.channel_id = p_channel_id AND m.status = 'ready'
           ORDER BY m.priority DESC, m.dequeue_at, m.id LIMIT 1),
         (SELECT m.dequeue_at FROM fairq.message m
           WHERE m.channel_id = p_channel_id AND m.status = 'scheduled'
-          ORDER BY m.dequeue_at, m.id LIMIT 1));
-END
+          ORDER BY m.dequeue_at, m.id LIMIT 1))
 $$;
+
+-- (plpgsql, not SQL, below: a SQL function that cannot be inlined would be planned
+-- again at every call; plpgsql keeps its plans for the session.)
 
 -- True when no other transaction holds a lock on the channel row, i.e. no producer
 -- is inserting into it right now. Takes FOR UPDATE, so producers that arrive later

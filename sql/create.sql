@@ -39,6 +39,7 @@ DECLARE
     v_new_ids bigint[];
     v_inserted boolean[];
     v_row record;
+    v_earliest timestamptz;
     v_admitted integer;
     v_bad integer;
     i integer;
@@ -67,22 +68,29 @@ BEGIN
         PERFORM fairq.require_dedup_key(p_dedup_keys[v_bad], format('p_dedup_keys[%s]', v_bad));
     END IF;
 
-    -- Channels in name order (no deadlock between batches): share-lock each, create
-    -- it on first use, and move its turn forward if the batch's earliest message is
-    -- due before everything it holds. Moving the turn before inserting keeps the lock
-    -- order (channel, then size) and is harmless if nothing ends up created: a dequeue
-    -- that finds nothing recomputes the channel.
+    -- Share-lock every channel (creating it on first use); the share lock conflicts
+    -- only with channel_set/channel_clear, which lock one channel each.
     FOR v_row IN
-        SELECT u.channel, min(coalesce(u.dequeue_at, v_now)) AS due_at
-          FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
-         GROUP BY u.channel ORDER BY u.channel
+        SELECT DISTINCT u.channel FROM unnest(p_channels) AS u(channel) ORDER BY u.channel
     LOOP
         v_channel := fairq.channel_for_producer(v_row.channel);
-        IF v_channel.due_at IS NULL OR (v_row.due_at < v_channel.due_at AND v_channel.due_at > v_now) THEN
-            PERFORM fairq.channel_wake(v_channel.id, v_row.due_at, v_now);
-        END IF;
         v_names := v_names || v_channel.name;
         v_channel_ids := v_channel_ids || v_channel.id;
+    END LOOP;
+    -- Then, in channel id order like every fairq call that locks several channels,
+    -- move a channel's turn forward if the batch's earliest message for it is due
+    -- before everything it holds. Doing so before inserting keeps the lock order
+    -- (channel, then size) and is harmless if nothing ends up created: a dequeue that
+    -- finds nothing recomputes the channel.
+    FOR v_channel IN
+        SELECT c.* FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) ORDER BY c.id
+    LOOP
+        SELECT min(coalesce(u.dequeue_at, v_now)) INTO v_earliest
+          FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
+         WHERE u.channel = v_channel.name;
+        IF v_channel.due_at IS NULL OR (v_earliest < v_channel.due_at AND v_channel.due_at > v_now) THEN
+            PERFORM fairq.channel_wake(v_channel.id, v_earliest, v_now);
+        END IF;
         IF v_channel.max_size IS NOT NULL THEN
             v_bounded := v_bounded || v_channel;
         END IF;
@@ -147,9 +155,9 @@ BEGIN
     )
     SELECT coalesce(array_agg(c.i::integer ORDER BY c.i), '{}'),
            coalesce(array_agg(c.new_id ORDER BY c.i), '{}'),
-           coalesce(array_agg(n.id IS NOT NULL ORDER BY c.i), '{}')
+           coalesce(array_agg(c.new_id IN (SELECT n.id FROM inserted n) ORDER BY c.i), '{}')
       INTO v_candidates, v_new_ids, v_inserted
-      FROM candidate c LEFT JOIN inserted n ON n.id = c.new_id;
+      FROM candidate c;
     FOR i IN 1 .. cardinality(v_candidates) LOOP
         IF v_inserted[i] THEN
             v_ids[v_candidates[i]] := v_new_ids[i];

@@ -26,7 +26,10 @@
 -- a row do: each served channel goes behind every channel still waiting. So a call
 -- with p_max_messages = n repeats steps 2-4 in rounds until n messages are out or no
 -- channel is eligible, and equals n single dequeues; turn_seq keeps the turns strict
--- although every release in the call happens at the same instant.
+-- although every release in the call happens at the same instant. (Rounds after the
+-- first serve only the channels the first round locked: a channel another call
+-- released meanwhile waits for the next call, so that no call acquires a row lock
+-- while it holds others it acquired by turn order.)
 -- A dequeue should run in its own transaction: it locks the channels it serves
 -- until commit.
 
@@ -75,7 +78,7 @@ AS $$
 DECLARE
     v_channel fairq.channel := fairq.channel_lock(p_channel_id);
 BEGIN
-    v_channel.due_at := fairq.pending_due_at(p_channel_id);
+    v_channel.due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
     IF (v_channel.due_at IS NULL OR v_channel.due_at > p_now)
        AND NOT fairq.channel_quiet(p_channel_id) THEN
         -- A producer is inserting into this channel right now and decided, seeing it
@@ -164,6 +167,7 @@ DECLARE
     v_served bigint[];
     v_idle bigint;
     v_visited bigint[] := '{}';
+    v_held bigint[];
     v_count integer := 0;
     v_holds_locks boolean;
 BEGIN
@@ -173,9 +177,12 @@ BEGIN
 
     WHILE v_count < p_max_messages LOOP
         -- Step 2.
+        -- After the first round, only channels this call already holds: taking new
+        -- row locks while holding others is how lock cycles start.
         v_picked := ARRAY(
             SELECT c.id FROM fairq.channel c
              WHERE c.turn_at <= v_now AND c.id <> ALL (v_visited)
+               AND (v_held IS NULL OR c.id = ANY (v_held))
              ORDER BY c.turn_at, c.turn_seq
              LIMIT p_max_messages - v_count
                FOR NO KEY UPDATE SKIP LOCKED);
@@ -186,6 +193,7 @@ BEGIN
             v_picked := ARRAY[v_channel.id];
         END IF;
         v_holds_locks := true;
+        v_held := coalesce(v_held, v_picked);
 
         -- Step 3.
         UPDATE fairq.message m SET status = 'ready'
@@ -231,10 +239,12 @@ BEGIN
                             THEN v_now  -- a producer is mid-insert: see channel_retire
                             ELSE o.pending END AS due_at,
                        nextval('fairq.turn_seq') AS turn_seq
-                  FROM (SELECT s.channel_id, fairq.pending_due_at(s.channel_id) AS pending
+                  FROM (SELECT s.channel_id, p.due_at AS pending
                           FROM unnest(v_served) WITH ORDINALITY AS s(channel_id, pos)
+                         CROSS JOIN LATERAL fairq.pending_due_at(s.channel_id) AS p
                          ORDER BY s.pos
-                        OFFSET 0) o) n
+                        OFFSET 0) o
+                OFFSET 0) n  -- keeps n.due_at a plain column, so next_turn is inlined
          WHERE c.id = n.channel_id;
         FOREACH v_idle IN ARRAY ARRAY(SELECT unnest(v_picked) EXCEPT SELECT unnest(v_served)) LOOP
             PERFORM fairq.channel_retire(v_idle, v_now);

@@ -18,7 +18,9 @@ SELECT c.name AS channel,
        c.in_flight,
        c.turn_at AS next_dequeue_at
   FROM fairq.channel c
- CROSS JOIN (SELECT clock_timestamp() + shift AS now FROM fairq.clock_offset) k
+ -- A scalar subquery, evaluated once: joined as a table, the one-row clock_offset
+ -- (never analyzed) would be costed at thousands of rows and drag in JIT.
+ CROSS JOIN (SELECT (SELECT clock_timestamp() + shift FROM fairq.clock_offset) AS now) k
  CROSS JOIN LATERAL (
        SELECT (SELECT count(*) FROM fairq.message m
                 WHERE m.channel_id = c.id AND m.status = 'ready')

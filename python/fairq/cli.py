@@ -214,9 +214,12 @@ def _run(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments and arguments[0] in DELEGATED:
-        program = importlib.import_module(DELEGATED[arguments[0]][0])
-        return int(program.main(arguments[1:]))
+    # `fairq --dsn URL bench ...` hands the --dsn given before the command on too.
+    forwarded = arguments[:2] if arguments[:1] == ["--dsn"] else []
+    rest = arguments[len(forwarded):]
+    if rest and rest[0] in DELEGATED:
+        program = importlib.import_module(DELEGATED[rest[0]][0])
+        return int(program.main([*forwarded, *rest[1:]]))
     parser = _parser()
     args = parser.parse_args(arguments)
     if not args.dsn:

@@ -115,6 +115,11 @@ class Worker(Generic[T]):
         finally:
             self._finished.set()
             restore()
+            # The LISTEN connection closes within one notifies() timeout: when run()
+            # returns, the worker holds no connection of its own any more.
+            for thread in threads:
+                if thread.name == "fairq-listen":
+                    thread.join()
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
