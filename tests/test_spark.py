@@ -187,6 +187,13 @@ def test_content_kinds_schedule_priority_and_drops(
         enqueue(df, conn.info.dsn, channel="ch", content="n")
 
 
+def test_bench_enqueue_reports_a_rate(spark: Any, conn: psycopg.Connection[Any]) -> None:
+    from fairq.spark import bench_enqueue
+
+    assert bench_enqueue(spark, conn.info.dsn, 2_000, channels=20, batch_size=300) > 0
+    assert landed(conn)[0::2] == (2_000, 2_000)
+
+
 # -- reading --------------------------------------------------------------------------
 
 

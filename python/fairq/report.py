@@ -446,26 +446,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _session(master: str | None, jar: str) -> tuple[SparkSession, bool]:
-    """The active SparkSession (kept), or a new local one (stopped by the caller)."""
+    """The active SparkSession (kept), or a new one (stopped by the caller): local
+    unless spark-submit launched us or ``master`` names a cluster."""
     from pyspark.sql import SparkSession
+
+    from fairq.spark import local_session
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active, False
-    builder = SparkSession.builder.appName("fairq-report").config("spark.jars", jar)
     if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not spark-submit
         master = "local[*]"
+    if master is not None and master.startswith("local"):
+        return local_session(master, app_name="fairq-report", jdbc_jar=jar,
+                             fast_start=False), True
+    builder = SparkSession.builder.appName("fairq-report").config("spark.jars", jar)
     if master is not None:
         builder = builder.master(master)
-    if master is not None and master.startswith("local"):
-        # The report's tables are aggregates: a few shuffle partitions per core do.
-        builder = (builder.config("spark.driver.bindAddress", "127.0.0.1")
-                   .config("spark.driver.host", "127.0.0.1")
-                   .config("spark.ui.enabled", "false")
-                   .config("spark.ui.showConsoleProgress", "false")
-                   .config("spark.sql.shuffle.partitions", str(2 * (os.cpu_count() or 1))))
-    builder = builder.config("spark.sql.session.timeZone", "UTC")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return builder.getOrCreate(), True
 
 

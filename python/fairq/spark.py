@@ -22,6 +22,7 @@ from __future__ import annotations
 import getpass
 import itertools
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ __all__ = [
     "enqueue",
     "jdbc_properties",
     "jdbc_url",
+    "local_session",
     "read",
 ]
 
@@ -330,6 +332,36 @@ def read(spark: SparkSession, jdbc_url: str, what: str = "message_history", *,
             .load())
 
 
+# -- sessions -------------------------------------------------------------------------
+
+
+def local_session(master: str = "local[2]", *, app_name: str = "fairq",
+                  jdbc_jar: str | None = DEFAULT_JDBC_JAR, fast_start: bool = True,
+                  shuffle_partitions: int | None = None) -> SparkSession:
+    """A local SparkSession set up the way fairq's tests and benchmarks run Spark:
+    bound to 127.0.0.1, no web UI or progress bar, Python workers running this
+    interpreter (``PYSPARK_PYTHON``, unless already set) and the JDBC driver on the
+    classpath. ``fast_start`` runs the driver JVM with C1 only and the serial GC, which
+    halves start-up (fine for short jobs). Returns the active session if there is one.
+    """
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions",
+                       str(shuffle_partitions or 2 * (os.cpu_count() or 1))))
+    if jdbc_jar:
+        builder = builder.config("spark.jars", jdbc_jar)
+    if fast_start:
+        builder = builder.config("spark.driver.extraJavaOptions",
+                                 "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+    return builder.getOrCreate()
+
+
 # -- benchmark ------------------------------------------------------------------------
 
 
@@ -339,8 +371,9 @@ def bench_enqueue(spark: SparkSession, dsn: str, rows: int, *, channels: int = 1
     each) into the database at ``dsn`` and returns rows per second.
 
     The rows land as real messages (channels ``bench-spark-<n>``): use a throwaway
-    database. The Python workers are started beforehand, so the figure covers
-    generating, shipping and creating the messages, not Spark's warm-up.
+    database. ``spark``: e.g. ``local_session("local[2]")``. The Python workers are
+    started beforehand, so the figure covers generating, shipping and creating the
+    messages, not Spark's warm-up.
     """
     from pyspark.sql import functions as F
 
