@@ -1,0 +1,493 @@
+"""A pure-Python reference model of fairq's rules (SPEC §2, README, sql/*.sql).
+
+Given the same operations and the same clock, the model predicts every result of
+the SQL functions and the queue's observable state: message statuses, attempts and
+recovered flags, each channel's counters, due time and turn, the order of the
+round-robin, channel_size rows, dead letters and history rows.
+
+Time. The tests put the queue's clock at ``V0 + v * UNIT + eps`` where ``v`` is a
+virtual whole number of units that the test advances, and ``eps`` is the real time
+elapsed since the example started (microseconds to seconds, always far below a
+unit, and strictly increasing from call to call). The model therefore represents a
+timestamp as a pair ``(k, c)``: ``k`` whole units after ``V0`` plus the ``eps`` of
+call number ``c`` (``c = 0``: exactly ``V0 + k * UNIT``, a time the test chose).
+Pairs compare lexicographically, which is exactly how the real timestamps compare,
+whatever the real drift; every duration the model uses is a whole number of units.
+
+Non-determinism. The SQL leaves one thing unordered: expired locks that expire at
+the same instant (one dequeue call locks several messages with one ``locked_until``)
+are recovered in physical order. ``Model.dequeue`` therefore returns every possible
+outcome; the test keeps the one the database chose (all others disagree with its
+results or its state).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+UNIT_MS = 3_600_000  # one model time unit: an hour, far above any real drift in an example
+V0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+T = tuple[int, int]  # (whole units after V0, call number whose real elapsed time is added)
+
+
+def at(k: int) -> datetime:
+    """The exact timestamp of pair (k, 0)."""
+    return V0 + timedelta(milliseconds=k * UNIT_MS)
+
+
+def coarse(t: T | None) -> tuple[int, bool] | None:
+    """What can be compared with a real timestamp: the unit and whether eps > 0."""
+    return None if t is None else (t[0], t[1] > 0)
+
+
+def coarse_db(ts: datetime | None) -> tuple[int, bool] | None:
+    if ts is None:
+        return None
+    delta = ts - V0
+    units, rest = divmod(delta, timedelta(milliseconds=UNIT_MS))
+    return (units, rest > timedelta(0))
+
+
+def plus(t: T | None, units: int) -> T | None:
+    return None if t is None else (t[0] + units, t[1])
+
+
+def least(*ts: T | None) -> T | None:
+    """SQL LEAST: NULLs are ignored, NULL only when all are."""
+    vals = [t for t in ts if t is not None]
+    return min(vals) if vals else None
+
+
+def greatest(*ts: T | None) -> T | None:
+    vals = [t for t in ts if t is not None]
+    return max(vals) if vals else None
+
+
+@dataclass
+class Channel:
+    id: int
+    name: str
+    has_policy: bool = False
+    max_concurrency: int | None = None
+    release_interval: int = 0  # units
+    max_size: int | None = None
+    max_attempts: int | None = None
+    in_flight: int = 0
+    last_release_at: T | None = None
+    due_at: T | None = None
+    turn_at: T | None = None
+    turn_seq: int | None = None
+
+
+@dataclass
+class Message:
+    id: int
+    channel_id: int
+    status: str  # scheduled | ready | locked
+    priority: int
+    dequeue_at: T
+    content: bytes
+    locked_until: T | None = None
+    num_attempts: int = 0
+    recovered: bool = False
+    dedup_key: str | None = None
+    state: bytes | None = None
+
+
+@dataclass
+class Dead:
+    id: int
+    channel: str
+    priority: int
+    content: bytes
+    state: bytes | None
+    num_attempts: int
+    error: str | None
+
+
+# A delivery as message_dequeue returns it (dequeue_at coarsened, see coarse()).
+Delivery = tuple[int, str, bytes, "bytes | None", int, int, "tuple[int, bool] | None", bool]
+
+
+@dataclass
+class Model:
+    channels: dict[int, Channel] = field(default_factory=dict)
+    sizes: dict[int, int] = field(default_factory=dict)  # channel_size rows
+    messages: dict[int, Message] = field(default_factory=dict)
+    dead: dict[int, Dead] = field(default_factory=dict)
+    history: list[tuple[int, str, str, int]] = field(default_factory=list)
+    last_channel_id: int = 0
+    last_message_id: int = 0
+    last_turn_seq: int = 0
+
+    def copy(self) -> Model:
+        return copy.deepcopy(self)
+
+    # -- channels.sql -------------------------------------------------------------------
+
+    def by_name(self, name: str) -> Channel | None:
+        for ch in self.channels.values():
+            if ch.name == name:
+                return ch
+        return None
+
+    @staticmethod
+    def next_turn(turn_at: T | None, ch: Channel, now: T) -> T | None:
+        if ch.due_at is None:
+            return None
+        if ch.max_concurrency is not None and ch.in_flight >= ch.max_concurrency:
+            return None
+        return least(turn_at, greatest(ch.due_at, now, plus(ch.last_release_at, ch.release_interval)))
+
+    def channel_store(self, ch: Channel, now: T, keep_turn: bool) -> None:
+        turn = self.next_turn(ch.turn_at if keep_turn else None, ch, now)
+        if turn is None:
+            ch.turn_seq = None
+        elif not keep_turn or turn != ch.turn_at:
+            self.last_turn_seq += 1
+            ch.turn_seq = self.last_turn_seq
+        ch.turn_at = turn
+
+    def pending_due_at(self, ch: Channel) -> T | None:
+        ready = [m for m in self.messages.values() if m.channel_id == ch.id and m.status == "ready"]
+        if ready:
+            return min(ready, key=lambda m: (-m.priority, m.dequeue_at, m.id)).dequeue_at
+        sched = [m for m in self.messages.values()
+                 if m.channel_id == ch.id and m.status == "scheduled"]
+        if sched:
+            return min(sched, key=lambda m: (m.dequeue_at, m.id)).dequeue_at
+        return None
+
+    def channel_collect(self, ch: Channel) -> None:
+        if not ch.has_policy and ch.in_flight == 0 and ch.due_at is None:
+            assert not any(m.channel_id == ch.id for m in self.messages.values()), \
+                "model: collecting a channel that holds messages"
+            del self.channels[ch.id]
+            self.sizes.pop(ch.id, None)
+
+    def channel_for_producer(self, name: str) -> Channel:
+        ch = self.by_name(name)
+        if ch is None:
+            self.last_channel_id += 1
+            ch = Channel(self.last_channel_id, name)
+            self.channels[ch.id] = ch
+        return ch
+
+    def channel_wake(self, ch: Channel, due_at: T, now: T) -> None:
+        ch.due_at = least(ch.due_at, due_at)
+        self.channel_store(ch, now, True)
+
+    def channel_unlock(self, ch: Channel, count: int, due_at: T | None, now: T) -> None:
+        ch.in_flight -= count
+        ch.due_at = least(ch.due_at, due_at)
+        self.channel_store(ch, now, True)
+        self.channel_collect(ch)
+
+    def channel_resize(self, ch: Channel, delta: int, enforce: bool) -> int:
+        if ch.max_size is None:
+            return delta
+        admitted = delta
+        if enforce:
+            admitted = min(delta, max(0, ch.max_size - self.sizes[ch.id]))
+        self.sizes[ch.id] += admitted
+        return admitted
+
+    def channel_set(self, name: str, max_concurrency: int | None, release_interval: int,
+                    max_size: int | None, max_attempts: int | None, now: T) -> None:
+        ch = self.channel_for_producer(name)
+        ch.has_policy = True
+        ch.max_concurrency = max_concurrency
+        ch.release_interval = release_interval
+        ch.max_size = max_size
+        ch.max_attempts = max_attempts
+        if max_size is None:
+            self.sizes.pop(ch.id, None)
+        elif ch.id not in self.sizes:
+            self.sizes[ch.id] = sum(1 for m in self.messages.values() if m.channel_id == ch.id)
+        self.channel_store(ch, now, True)
+
+    def channel_clear(self, name: str, now: T) -> bool:
+        ch = self.by_name(name)
+        if ch is None or not ch.has_policy:
+            return False
+        self.sizes.pop(ch.id, None)
+        ch.has_policy = False
+        ch.max_concurrency = None
+        ch.release_interval = 0
+        ch.max_size = None
+        ch.max_attempts = None
+        self.channel_store(ch, now, True)
+        self.channel_collect(ch)
+        return True
+
+    # -- events.sql ---------------------------------------------------------------------
+
+    def bury(self, m: Message, ch: Channel, error: str | None) -> None:
+        self.dead[m.id] = Dead(m.id, ch.name, m.priority, m.content, m.state, m.num_attempts, error)
+        self.history.append((m.id, ch.name, "dead", m.num_attempts))
+        self.channel_resize(ch, -1, False)
+
+    # -- create.sql ---------------------------------------------------------------------
+
+    def create_batch(self, items: list[tuple[str, bytes, T | None, int | None, str | None]],
+                     now: T) -> list[tuple[int, int | None, str]]:
+        """items: (channel, content, dequeue_at or None, priority or None, dedup_key).
+
+        Channels are created in name order and woken in id order (the lock order);
+        then each element, in input order, behaves like message_create: duplicate, dropped or created (ids in input
+        order)."""
+        due_by_channel: dict[str, T] = {}
+        for channel, _, due, _, _ in items:
+            d = due if due is not None else now
+            due_by_channel[channel] = min(due_by_channel.get(channel, d), d)
+        taken = {channel: self.channel_for_producer(channel) for channel in sorted(due_by_channel)}
+        for ch in sorted(taken.values(), key=lambda c: c.id):  # the lock order: channel id
+            channel_due = due_by_channel[ch.name]
+            if ch.due_at is None or (channel_due < ch.due_at and ch.due_at > now):
+                self.channel_wake(ch, channel_due, now)
+        out: list[tuple[int, int | None, str]] = []
+        for i, (channel, content, due, priority, dedup) in enumerate(items, 1):
+            ch = taken[channel]
+            dequeue_at = due if due is not None else now
+            if dedup is not None:
+                same = [m for m in self.messages.values()
+                        if m.channel_id == ch.id and m.dedup_key == dedup]
+                if same:
+                    out.append((i, same[0].id, "duplicate"))
+                    continue
+            if self.channel_resize(ch, 1, True) == 0:
+                out.append((i, None, "dropped"))
+                continue
+            self.last_message_id += 1
+            mid = self.last_message_id
+            self.messages[mid] = Message(
+                mid, ch.id, "ready" if dequeue_at <= now else "scheduled",
+                priority if priority is not None else 0, dequeue_at, content, dedup_key=dedup)
+            out.append((i, mid, "created"))
+        return out
+
+    # -- dequeue.sql --------------------------------------------------------------------
+
+    def recover_orders(self, now: T, limit: int) -> list[list[int]]:
+        """Every order in which recover_expired may settle expired locks: oldest
+        expiry first, ties in any order, at most ``limit`` of them."""
+        expired = sorted((m for m in self.messages.values()
+                          if m.status == "locked" and m.locked_until is not None
+                          and m.locked_until <= now), key=lambda m: m.locked_until)  # type: ignore[arg-type, return-value]
+        groups = [list(g) for _, g in itertools.groupby(expired, key=lambda m: m.locked_until)]
+        parts: list[list[tuple[int, ...]]] = []
+        left = limit
+        for g in groups:
+            if left <= 0:
+                break
+            take = min(left, len(g))
+            parts.append(list(itertools.permutations([m.id for m in g], take)))
+            left -= take
+        orders = {tuple(x for part in combo for x in part) for combo in itertools.product(*parts)}
+        return [list(o) for o in sorted(orders)]
+
+    def recover(self, order: list[int], now: T) -> None:
+        for mid in order:
+            m = self.messages[mid]
+            ch = self.channels[m.channel_id]
+            if ch.max_attempts is not None and m.num_attempts >= ch.max_attempts:
+                del self.messages[mid]
+                self.bury(m, ch, f"lock expired on delivery {m.num_attempts} of max_attempts "
+                                 f"{ch.max_attempts}")
+                self.channel_unlock(ch, 1, None, now)
+            else:
+                m.status = "ready"
+                m.locked_until = None
+                m.recovered = True
+                self.channel_unlock(ch, 1, m.dequeue_at, now)
+
+    def channel_take(self, ch: Channel, now: T, lock: int) -> Message | None:
+        for m in self.messages.values():
+            if m.channel_id == ch.id and m.status == "scheduled" and m.dequeue_at <= now:
+                m.status = "ready"
+        taken: Message | None = None
+        while True:
+            ready = [m for m in self.messages.values()
+                     if m.channel_id == ch.id and m.status == "ready"]
+            if not ready:
+                break
+            m = min(ready, key=lambda m: (-m.priority, m.dequeue_at, m.id))
+            if ch.max_attempts is None or m.num_attempts < ch.max_attempts:
+                m.status = "locked"
+                m.locked_until = plus(now, lock)
+                m.num_attempts += 1
+                ch.in_flight += 1
+                ch.last_release_at = now
+                taken = m
+                break
+            del self.messages[m.id]
+            self.bury(m, ch, f"max_attempts {ch.max_attempts} reached after "
+                             f"{m.num_attempts} deliveries")
+        ch.due_at = self.pending_due_at(ch)
+        self.channel_store(ch, now, False)
+        if taken is None:
+            self.channel_collect(ch)
+        return taken
+
+    def dequeue_with(self, order: list[int], lock: int, n: int, now: T) -> list[Delivery]:
+        self.recover(order, now)
+        out: list[Delivery] = []
+        visited: set[int] = set()
+        while len(out) < n:
+            eligible = [c for c in self.channels.values()
+                        if c.turn_at is not None and c.turn_at <= now and c.id not in visited]
+            if not eligible:
+                break
+            ch = min(eligible, key=lambda c: (c.turn_at, c.turn_seq))
+            m = self.channel_take(ch, now, lock)
+            if m is None:
+                visited.add(ch.id)
+                continue
+            out.append((m.id, ch.name, m.content, m.state, m.num_attempts, m.priority,
+                        coarse(m.dequeue_at), m.recovered))
+        return out
+
+    def dequeue(self, lock: int, n: int, now: T) -> list[tuple[list[Delivery], Model]]:
+        """Every possible (result, model after the call)."""
+        outcomes = []
+        for order in self.recover_orders(now, n):
+            branch = self.copy()
+            outcomes.append((branch.dequeue_with(order, lock, n, now), branch))
+        return outcomes
+
+    # -- settle.sql ---------------------------------------------------------------------
+
+    def _fenced(self, mid: int, attempts: int) -> Message | None:
+        m = self.messages.get(mid)
+        if m is not None and m.status == "locked" and m.num_attempts == attempts:
+            return m
+        return None
+
+    def _miss(self, mid: int, if_exists: str) -> str:
+        return if_exists if mid in self.messages else "not_found"
+
+    def complete_batch(self, pairs: list[tuple[int, int]], now: T,
+                       channel_order: list[int] | None = None) -> list[tuple[int, str]]:
+        """An id listed twice is settled by its first occurrence only. The freed
+        channels take their new turns in channel_order (any order is allowed; see
+        complete_batch_outcomes)."""
+        out: list[tuple[int, str]] = []
+        done: list[Message] = []
+        seen: set[int] = set()
+        for mid, attempts in pairs:
+            m = self._fenced(mid, attempts) if mid not in seen else None
+            seen.add(mid)
+            if m is not None:
+                del self.messages[mid]
+                done.append(m)
+                out.append((mid, "completed"))
+            else:
+                out.append((mid, self._miss(mid, "stale")))
+        channel_ids = sorted({m.channel_id for m in done})
+        if channel_order is not None:
+            assert sorted(channel_order) == channel_ids
+            channel_ids = channel_order
+        for cid in channel_ids:
+            ch = self.channels[cid]
+            group = [m for m in done if m.channel_id == cid]
+            for m in group:
+                self.history.append((m.id, ch.name, "completed", m.num_attempts))
+            self.channel_resize(ch, -len(group), False)
+            self.channel_unlock(ch, len(group), None, now)
+        return out
+
+    def complete_batch_outcomes(self, pairs: list[tuple[int, int]],
+                                now: T) -> list[tuple[list[tuple[int, str]], Model]]:
+        """Every possible (result, model after the call): channels freed by one call
+        regain their turns in an order the SPEC leaves open."""
+        probe = self.copy()
+        probe.complete_batch(pairs, now)
+        freed = sorted({m.channel_id for mid, m in self.messages.items()
+                        if mid not in probe.messages})
+        outcomes = []
+        for order in itertools.permutations(freed):
+            branch = self.copy()
+            outcomes.append((branch.complete_batch(pairs, now, list(order)), branch))
+        return outcomes
+
+    def defer(self, mid: int, attempts: int, dequeue_at: T | None, state: bytes | None,
+              now: T) -> str:
+        m = self._fenced(mid, attempts)
+        if m is None:
+            return self._miss(mid, "stale")
+        due = dequeue_at if dequeue_at is not None else now
+        m.status = "ready" if due <= now else "scheduled"
+        m.dequeue_at = due
+        m.locked_until = None
+        m.recovered = False
+        if state is not None:
+            m.state = state
+        self.channel_unlock(self.channels[m.channel_id], 1, due, now)
+        return "deferred"
+
+    def heartbeat(self, mid: int, attempts: int, lock: int, now: T) -> str:
+        m = self._fenced(mid, attempts)
+        if m is None:
+            return self._miss(mid, "stale")
+        m.locked_until = greatest(m.locked_until, plus(now, lock))
+        return "heartbeated"
+
+    def fail(self, mid: int, attempts: int, error: str | None, now: T) -> str:
+        m = self._fenced(mid, attempts)
+        if m is None:
+            return self._miss(mid, "stale")
+        del self.messages[mid]
+        ch = self.channels[m.channel_id]
+        self.bury(m, ch, error)
+        self.channel_unlock(ch, 1, None, now)
+        return "dead"
+
+    def cancel(self, mid: int, now: T) -> str:
+        m = self.messages.get(mid)
+        if m is None or m.status == "locked":
+            return self._miss(mid, "locked")
+        del self.messages[mid]
+        ch = self.channels[m.channel_id]
+        self.history.append((m.id, ch.name, "cancelled", m.num_attempts))
+        self.channel_resize(ch, -1, False)
+        return "cancelled"
+
+    def dead_letter_retry(self, mid: int, now: T) -> str:
+        d = self.dead.pop(mid, None)
+        if d is None:
+            return "not_found"
+        ch = self.channel_for_producer(d.channel)
+        self.channel_wake(ch, now, now)
+        self.channel_resize(ch, 1, False)
+        self.messages[mid] = Message(mid, ch.id, "ready", d.priority, now, d.content,
+                                     state=d.state)
+        return "requeued"
+
+    # -- what the database shows ---------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The observable state, in the same shape as the test's db_snapshot()."""
+        name = {c.id: c.name for c in self.channels.values()}
+        return {
+            "messages": sorted(
+                (m.id, name.get(m.channel_id), m.status, m.priority, m.num_attempts, m.recovered,
+                 m.state, m.dedup_key, coarse(m.dequeue_at), coarse(m.locked_until))
+                for m in self.messages.values()),
+            "channels": sorted(
+                (c.name, c.has_policy, c.max_concurrency, c.release_interval * UNIT_MS,
+                 c.max_size, c.max_attempts, c.in_flight, coarse(c.last_release_at),
+                 coarse(c.due_at), coarse(c.turn_at))
+                for c in self.channels.values()),
+            "turn_order": [c.name for c in sorted(
+                (c for c in self.channels.values() if c.turn_at is not None),
+                key=lambda c: (c.turn_at, c.turn_seq))],
+            "sizes": sorted((name[cid], size) for cid, size in self.sizes.items()),
+            "dead": sorted((d.id, d.channel, d.num_attempts, d.state, d.error)
+                           for d in self.dead.values()),
+            "history": sorted(self.history),
+        }

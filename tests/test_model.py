@@ -1,0 +1,341 @@
+"""Model-based property test: the extension against the reference model (tests/model.py).
+
+A hypothesis state machine applies the same random operations - create,
+create_batch, dequeue of n, complete, complete_batch, defer (with and without state
+and a future time), heartbeat, fail, cancel, channel_set, channel_clear,
+dead_letter_retry and clock steps - to the real extension and to the model, and
+after every step compares:
+
+* every result (ids, channels, delivery order, statuses, num_attempts, recovered
+  flags, contents, states, priorities, dequeue times);
+* the whole observable state (messages, channels and their counters, due times and
+  turns, the round-robin order, channel_size rows, dead letters, history rows);
+* that fairq.check() reports nothing;
+* SPEC §2 rules 2-5 directly on the database's answers (concurrency cap, rate limit,
+  no early delivery, never above max_attempts), independently of the model.
+
+The clock: each example pins the queue's clock to V0 + v units + the real time
+elapsed since the example started (see model.py); every schedule, lock, interval and
+clock step is a whole number of units (an hour), so real drift never decides an
+outcome.
+
+Profiles: by default 20 examples of up to 25 steps (<= 500 steps); with --slow 300
+examples of up to 60 steps. One database for the whole test, reset per example.
+
+That an ordinary role cannot bend the clock is proven in
+tests/test_sql_privileges.py::test_only_the_owner_can_move_the_clock (a role granted
+producer, worker and/or observer gets 42501 on clock_travel and on every write to
+fairq.clock_offset), so it is not repeated here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    multiple,
+    rule,
+    run_state_machine_as_test,
+)
+
+from model import UNIT_MS, V0, Model, T, at, coarse_db
+
+CHANNELS = st.sampled_from(["a", "b", "c"])
+PRIORITIES = st.integers(-1, 2)
+DELAYS = st.sampled_from([None, None, -1, 0, 1, 2])  # dequeue_at = now + delay units
+DEDUP_KEYS = st.sampled_from([None, None, None, "k1", "k2"])
+FENCE = st.sampled_from([0, 0, 0, 1, -1])  # num_attempts offset: nonzero gives 'stale'
+OPTIONAL_LIMIT = st.sampled_from([None, None, 1, 2, 3])
+
+RESET = """
+TRUNCATE fairq.message, fairq.channel, fairq.channel_size, fairq.dead_letter,
+         fairq.message_history;
+SELECT setval('fairq.message_id_seq', 1, false), setval('fairq.channel_id_seq', 1, false),
+       setval('fairq.turn_seq', 1, false);
+SELECT fairq.clock_travel(0);
+"""
+
+DB_SNAPSHOT = {
+    "messages": "SELECT m.id, c.name, m.status::text, m.priority, m.num_attempts, m.recovered,"
+                " m.state, m.dedup_key, m.dequeue_at, m.locked_until"
+                " FROM fairq.message m LEFT JOIN fairq.channel c ON c.id = m.channel_id",
+    "channels": "SELECT name, has_policy, max_concurrency, release_interval_ms, max_size,"
+                " max_attempts, in_flight, last_release_at, due_at, turn_at FROM fairq.channel",
+    "turn_order": "SELECT name FROM fairq.channel WHERE turn_at IS NOT NULL"
+                  " ORDER BY turn_at, turn_seq",
+    "sizes": "SELECT c.name, s.size FROM fairq.channel_size s"
+             " LEFT JOIN fairq.channel c ON c.id = s.channel_id",
+    "dead": "SELECT id, channel, num_attempts, state, error FROM fairq.dead_letter",
+    "history": "SELECT id, channel, outcome, num_attempts FROM fairq.message_history",
+}
+TIMESTAMP_COLUMNS = {"messages": (8, 9), "channels": (7, 8, 9)}
+
+
+def db_snapshot(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    snap: dict[str, Any] = {}
+    for key, sql in DB_SNAPSHOT.items():
+        rows = [list(r) for r in conn.execute(sql).fetchall()]
+        for r in rows:
+            for i in TIMESTAMP_COLUMNS.get(key, ()):
+                r[i] = coarse_db(r[i])
+            r[:] = [bytes(x) if isinstance(x, memoryview) else x for x in r]
+        if key == "turn_order":
+            snap[key] = [r[0] for r in rows]
+        else:
+            snap[key] = sorted(tuple(r) for r in rows)
+    return snap
+
+
+def differences(expected: dict[str, Any], actual: dict[str, Any]) -> str:
+    lines = []
+    for key in expected:
+        if expected[key] != actual[key]:
+            lines.append(f"  {key}:\n    model: {expected[key]}\n    db:    {actual[key]}")
+    return "\n".join(lines)
+
+
+class QueueMachine(RuleBasedStateMachine):
+    conn: psycopg.Connection[Any]  # set by the test function
+
+    deliveries = Bundle("deliveries")  # (id, num_attempts) as handed out
+    ids = Bundle("ids")  # every message id a create returned
+
+    def __init__(self) -> None:
+        super().__init__()
+        conn = self.conn
+        conn.execute(RESET)
+        # Clock = V0 + elapsed real time + v units; ceil keeps elapsed >= 0.
+        row = conn.execute("SELECT ceil(extract(epoch FROM (%s::timestamptz - clock_timestamp()))"
+                           " * 1000)::bigint", (V0,)).fetchone()
+        assert row is not None
+        self.shift0: int = row[0]
+        self.v = 0
+        self.calls = 0
+        self.model = Model()
+        self.serial = 0
+        self.last_release: dict[str, T] = {}
+        self.log: list[str] = []
+        self.travel()
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def travel(self) -> None:
+        self.conn.execute("SELECT fairq.clock_travel(%s)", (self.shift0 + self.v * UNIT_MS,))
+
+    def now(self) -> T:
+        """The pair of the next call's clock reading (see model.py)."""
+        self.calls += 1
+        return (self.v, self.calls)
+
+    def content(self) -> bytes:
+        self.serial += 1
+        return f"m{self.serial}".encode()
+
+    def sql(self, query: str, *args: Any) -> list[tuple[Any, ...]]:
+        rows = self.conn.execute(query, args).fetchall()
+        return [tuple(bytes(x) if isinstance(x, memoryview) else x for x in r) for r in rows]
+
+    def agree(self, what: str, candidates: list[tuple[Any, Model]], actual: Any) -> None:
+        """Keeps the model outcome that matches the database's result and state."""
+        self.log.append(what)
+        matching = [(r, m) for r, m in candidates if r == actual]
+        assert matching, (f"{what}: the database answered\n    {actual}\nthe model expected"
+                          f" {' or '.join(str(r) for r, _ in candidates)}")
+        snap = db_snapshot(self.conn)
+        for _, model in matching:
+            if model.snapshot() == snap:
+                self.model = model
+                break
+        else:
+            raise AssertionError(f"{what}: state differs from the model's\n"
+                                 + differences(matching[0][1].snapshot(), snap))
+        problems = self.conn.execute("SELECT channel, problem FROM fairq.check()").fetchall()
+        assert problems == [], f"{what}: fairq.check() reports {problems}"
+
+    def agree1(self, what: str, model: Model, expected: Any, actual: Any) -> None:
+        self.agree(what, [(expected, model)], actual)
+
+    # -- producers -----------------------------------------------------------------------
+
+    @rule(target=ids, channel=CHANNELS, priority=PRIORITIES, delay=DELAYS, dedup=DEDUP_KEYS)
+    def create(self, channel: str, priority: int, delay: int | None, dedup: str | None) -> Any:
+        content = self.content()
+        due = None if delay is None else (self.v + delay, 0)
+        now = self.now()
+        m = self.model
+        expected = [(i, s) for _, i, s in m.create_batch([(channel, content, due, priority, dedup)],
+                                                         now)]
+        actual = self.sql("SELECT id, status FROM fairq.message_create(%s, %s, %s, %s, %s)",
+                          channel, content, None if due is None else at(due[0]), priority, dedup)
+        self.agree1(f"create({channel!r}, p={priority}, delay={delay}, dedup={dedup})",
+                    m, expected, actual)
+        return multiple(*(i for i, _ in actual if i is not None))
+
+    @rule(target=ids, items=st.lists(st.tuples(CHANNELS, PRIORITIES, DELAYS, DEDUP_KEYS),
+                                     min_size=1, max_size=4))
+    def create_batch(self, items: list[tuple[str, int, int | None, str | None]]) -> Any:
+        rows: list[tuple[str, bytes, T | None, int | None, str | None]] = [
+            (ch, self.content(), None if d is None else (self.v + d, 0), p, k)
+                for ch, p, d, k in items]
+        now = self.now()
+        m = self.model
+        expected = m.create_batch(rows, now)
+        actual = self.sql(
+            "SELECT ord, id, status FROM fairq.message_create_batch(%s, %s, %s::timestamptz[],"
+            " %s::int[], %s::text[])",
+            [r[0] for r in rows], [r[1] for r in rows],
+            [None if r[2] is None else at(r[2][0]) for r in rows],
+            [r[3] for r in rows], [r[4] for r in rows])
+        self.agree1(f"create_batch({items})", m, expected, actual)
+        return multiple(*(i for _, i, _ in actual if i is not None))
+
+    @rule(mid=ids)
+    def cancel(self, mid: int) -> None:
+        now = self.now()
+        m = self.model
+        expected = m.cancel(mid, now)
+        actual = self.sql("SELECT fairq.message_cancel(%s)", mid)[0][0]
+        self.agree1(f"cancel({mid})", m, expected, actual)
+
+    # -- workers -------------------------------------------------------------------------
+
+    @rule(target=deliveries, lock=st.integers(1, 3), n=st.integers(1, 3))
+    def dequeue(self, lock: int, n: int) -> Any:
+        now = self.now()
+        before = self.model
+        candidates = before.dequeue(lock, n, now)
+        rows = self.sql("SELECT id, channel, content, state, num_attempts, priority, dequeue_at,"
+                        " recovered FROM fairq.message_dequeue(%s, %s)", lock * UNIT_MS, n)
+        actual = [(*r[:6], coarse_db(r[6]), r[7]) for r in rows]
+
+        # SPEC §2 rules 2-5, on the database's answers alone.
+        locked = dict(self.sql("SELECT c.name, count(*) FROM fairq.message m"
+                               " JOIN fairq.channel c ON c.id = m.channel_id"
+                               " WHERE m.status = 'locked' GROUP BY c.name"))
+        for (_, channel, _, _, attempts, _, due, _) in actual:
+            policy = before.by_name(channel)
+            assert policy is not None, f"delivery from unknown channel {channel}"
+            assert due is not None and due[0] <= self.v, f"{channel}: delivered before dequeue_at"
+            assert policy.max_attempts is None or attempts <= policy.max_attempts, \
+                f"{channel}: delivered with num_attempts {attempts} > {policy.max_attempts}"
+            assert policy.max_concurrency is None or locked[channel] <= policy.max_concurrency, \
+                f"{channel}: {locked[channel]} in flight > max_concurrency {policy.max_concurrency}"
+            last = self.last_release.get(channel)
+            if last is not None and policy.release_interval:
+                assert (last[0] + policy.release_interval, last[1]) <= now, (
+                    f"{channel}: released at unit {now[0]}, {policy.release_interval} units of"
+                    f" release interval after the release at unit {last[0]} have not passed")
+            self.last_release[channel] = now
+
+        self.agree(f"dequeue(lock={lock}, n={n})", candidates, actual)
+        return multiple(*((r[0], r[4]) for r in actual))
+
+    @rule(d=deliveries, fence=FENCE)
+    def complete(self, d: tuple[int, int], fence: int) -> None:
+        now = self.now()
+        m = self.model
+        expected = m.complete_batch([(d[0], d[1] + fence)], now)[0][1]
+        actual = self.sql("SELECT fairq.message_complete(%s, %s)", d[0], d[1] + fence)[0][0]
+        self.agree1(f"complete({d[0]}, {d[1] + fence})", m, expected, actual)
+
+    @rule(ds=st.lists(st.tuples(deliveries, FENCE), min_size=1, max_size=4))
+    def complete_batch(self, ds: list[tuple[tuple[int, int], int]]) -> None:
+        pairs = [(d[0], d[1] + f) for d, f in ds]
+        now = self.now()
+        candidates = self.model.complete_batch_outcomes(pairs, now)
+        actual = self.sql("SELECT id, status FROM fairq.message_complete_batch(%s::bigint[],"
+                          " %s::bigint[])", [p[0] for p in pairs], [p[1] for p in pairs])
+        self.agree(f"complete_batch({pairs})", candidates, actual)
+
+    @rule(d=deliveries, fence=FENCE, delay=st.sampled_from([None, None, -1, 1, 2]),
+          state=st.sampled_from([None, b"s1", b"s2"]))
+    def defer(self, d: tuple[int, int], fence: int, delay: int | None, state: bytes | None) -> None:
+        due = None if delay is None else (self.v + delay, 0)
+        now = self.now()
+        m = self.model
+        expected = m.defer(d[0], d[1] + fence, due, state, now)
+        actual = self.sql("SELECT fairq.message_defer(%s, %s, %s, %s)", d[0], d[1] + fence,
+                          None if due is None else at(due[0]), state)[0][0]
+        self.agree1(f"defer({d[0]}, {d[1] + fence}, delay={delay}, state={state!r})",
+                    m, expected, actual)
+
+    @rule(d=deliveries, fence=FENCE, lock=st.integers(1, 3))
+    def heartbeat(self, d: tuple[int, int], fence: int, lock: int) -> None:
+        now = self.now()
+        m = self.model
+        expected = m.heartbeat(d[0], d[1] + fence, lock, now)
+        actual = self.sql("SELECT fairq.message_heartbeat(%s, %s, %s)", d[0], d[1] + fence,
+                          lock * UNIT_MS)[0][0]
+        self.agree1(f"heartbeat({d[0]}, {d[1] + fence}, lock={lock})", m, expected, actual)
+
+    @rule(d=deliveries, fence=FENCE, error=st.sampled_from([None, "boom"]))
+    def fail(self, d: tuple[int, int], fence: int, error: str | None) -> None:
+        now = self.now()
+        m = self.model
+        expected = m.fail(d[0], d[1] + fence, error, now)
+        actual = self.sql("SELECT fairq.message_fail(%s, %s, %s)", d[0], d[1] + fence, error)[0][0]
+        self.agree1(f"fail({d[0]}, {d[1] + fence}, {error!r})", m, expected, actual)
+
+    # -- operators -----------------------------------------------------------------------
+
+    @rule(channel=CHANNELS, max_concurrency=OPTIONAL_LIMIT,
+          release_interval=st.sampled_from([0, 0, 1, 2]),
+          max_size=st.sampled_from([None, None, 1, 2, 4]), max_attempts=OPTIONAL_LIMIT)
+    def channel_set(self, channel: str, max_concurrency: int | None, release_interval: int,
+                    max_size: int | None, max_attempts: int | None) -> None:
+        now = self.now()
+        m = self.model
+        self.last_release.pop(channel, None)  # the rate limit binds releases under one policy
+        m.channel_set(channel, max_concurrency, release_interval, max_size, max_attempts, now)
+        actual = self.sql("SELECT fairq.channel_set(%s, %s, %s, %s, %s)", channel,
+                          max_concurrency, release_interval * UNIT_MS, max_size, max_attempts)[0][0]
+        self.agree1(f"channel_set({channel!r}, mc={max_concurrency}, ri={release_interval},"
+                    f" size={max_size}, attempts={max_attempts})", m, "", actual)  # void
+
+    @rule(channel=CHANNELS)
+    def channel_clear(self, channel: str) -> None:
+        now = self.now()
+        m = self.model
+        expected = m.channel_clear(channel, now)
+        actual = self.sql("SELECT fairq.channel_clear(%s)", channel)[0][0]
+        self.last_release.pop(channel, None)  # the policy is forgotten
+        self.agree1(f"channel_clear({channel!r})", m, expected, actual)
+
+    @rule(mid=ids)
+    def dead_letter_retry(self, mid: int) -> None:
+        now = self.now()
+        m = self.model
+        expected = m.dead_letter_retry(mid, now)
+        actual = self.sql("SELECT fairq.dead_letter_retry(%s)", mid)[0][0]
+        self.agree1(f"dead_letter_retry({mid})", m, expected, actual)
+
+    @rule(units=st.integers(1, 3))
+    def advance(self, units: int) -> None:
+        self.v += units
+        self.travel()
+        self.log.append(f"advance({units})")
+
+
+def run_machine(dsn: str, examples: int, steps: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET fairq.history = on")
+        conn.execute("SET fairq.events = off")
+        QueueMachine.conn = conn
+        run_state_machine_as_test(QueueMachine, settings=settings(
+            max_examples=examples, stateful_step_count=steps, deadline=None,
+            suppress_health_check=list(HealthCheck)))
+
+
+def test_queue_agrees_with_the_model(dsn: str) -> None:
+    run_machine(dsn, examples=20, steps=25)
+
+
+@pytest.mark.slow
+def test_queue_agrees_with_the_model_long(dsn: str) -> None:
+    run_machine(dsn, examples=300, steps=60)
