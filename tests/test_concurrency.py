@@ -1,0 +1,266 @@
+"""Concurrency: several producer and worker *processes* on one queue, with crashes.
+
+Worker processes (tests/queue_process.py) are killed with SIGKILL at random moments -
+usually while they hold messages - and replaced. Meanwhile a monitor samples, in one
+snapshot each time, every channel's in_flight counter and its actually locked
+messages, and runs fairq.check() now and then. At the end:
+
+* every created message was completed exactly once (completions are recorded in
+  the same transaction as message_complete, and only when it answered 'completed');
+* nothing was lost and the queue is empty;
+* no channel ever had more messages in flight than its max_concurrency (SPEC §2.2),
+  and in_flight always equalled the number of locked messages;
+* fairq.check() was empty throughout and is empty at the end.
+
+Also: a session holding a REPEATABLE READ snapshot open for the whole run does not
+stop workers from draining a backlog.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+SCRIPT = Path(__file__).with_name("queue_process.py")
+
+TABLES = """
+CREATE TABLE created (id bigint PRIMARY KEY, channel text NOT NULL);
+CREATE TABLE completion (id bigint NOT NULL, channel text NOT NULL, attempts bigint NOT NULL,
+                         recovered boolean NOT NULL, worker text NOT NULL);
+"""
+
+
+def spawn(cfg: dict[str, Any], logdir: Path) -> subprocess.Popen[bytes]:
+    with open(logdir / f"{cfg['name']}.err", "ab") as err:  # the child keeps its own copy
+        return subprocess.Popen([sys.executable, str(SCRIPT), json.dumps(cfg)], stderr=err)
+
+
+@dataclass
+class Monitor:
+    """Samples caps and counters in one snapshot per query, from a thread."""
+
+    dsn: str
+    samples: int = 0
+    cap_violations: list[tuple[Any, ...]] = field(default_factory=list)
+    counter_drift: list[tuple[Any, ...]] = field(default_factory=list)
+    problems: list[tuple[Any, ...]] = field(default_factory=list)
+    max_seen: dict[str, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Monitor:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            last_check = 0.0
+            while not self._stop.is_set():
+                rows = conn.execute("""
+                    SELECT c.name, c.max_concurrency, c.in_flight, coalesce(l.n, 0)
+                      FROM fairq.channel c
+                      LEFT JOIN (SELECT channel_id, count(*)::int AS n FROM fairq.message
+                                  WHERE status = 'locked' GROUP BY channel_id) l
+                        ON l.channel_id = c.id""").fetchall()
+                self.samples += 1
+                for name, cap, in_flight, locked in rows:
+                    if cap is not None:
+                        self.max_seen[name] = max(self.max_seen.get(name, 0), locked)
+                        if locked > cap or in_flight > cap:
+                            self.cap_violations.append((name, cap, in_flight, locked))
+                    if in_flight != locked:
+                        self.counter_drift.append((name, in_flight, locked))
+                if time.monotonic() - last_check > 0.5:
+                    last_check = time.monotonic()
+                    self.problems += conn.execute("SELECT * FROM fairq.check()").fetchall()
+                time.sleep(0.01)
+
+
+@pytest.fixture
+def logdir(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+@pytest.fixture
+def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(TABLES)
+        yield conn
+
+
+def wait_until(predicate: Any, timeout: float, step: float = 0.2) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(step)
+    return bool(predicate())
+
+
+def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: list[str],
+             caps: dict[str, int], per_producer: int, producers: int = 2, workers: int = 4,
+             kill_every: tuple[float, float] = (0.8, 1.6), seed: int = 0) -> dict[str, int]:
+    rnd = random.Random(seed)
+    for name, cap in caps.items():
+        db.execute("SELECT fairq.channel_set(%s, %s)", (name, cap))
+    deadline = time.time() + 120  # a safety net: processes stop on their own
+    base = {"dsn": dsn, "deadline": deadline}
+    prods = [spawn({**base, "role": "producer", "name": f"p{i}", "seed": seed * 100 + i,
+                    "channels": channels, "count": per_producer, "log_table": True,
+                    "pause": 0.004}, logdir) for i in range(producers)]
+    serial = 0
+
+    def new_worker() -> subprocess.Popen[bytes]:
+        nonlocal serial
+        serial += 1
+        return spawn({**base, "role": "worker", "name": f"w{serial}", "seed": seed * 100 + serial,
+                      "lock_ms": 1000, "work_ms": 4, "defer_p": 0.03, "max_batch": 3}, logdir)
+
+    pool = [new_worker() for _ in range(workers)]
+    monitor = Monitor(dsn).start()
+    killed = 0
+    try:
+        def remaining() -> int:
+            return int(db.execute("SELECT count(*) FROM fairq.message").fetchone()[0])  # type: ignore[index]
+
+        next_kill = time.monotonic() + rnd.uniform(*kill_every)
+        hard_end = time.monotonic() + 45
+        while time.monotonic() < hard_end:
+            if all(p.poll() is not None for p in prods) and remaining() == 0:
+                break
+            if time.monotonic() >= next_kill and any(p.poll() is None for p in prods):
+                victim = rnd.randrange(len(pool))
+                os.kill(pool[victim].pid, signal.SIGKILL)
+                pool[victim].wait()
+                pool[victim] = new_worker()
+                killed += 1
+                next_kill = time.monotonic() + rnd.uniform(*kill_every)
+            time.sleep(0.05)
+    finally:
+        monitor.stop()
+        for p in pool + prods:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    for p in prods:
+        assert p.returncode == 0, (logdir / "p0.err").read_text()
+
+    def one(sql: str) -> int:
+        return int(db.execute(sql).fetchone()[0])  # type: ignore[index]
+
+    counts = {
+        "created": one("SELECT count(*) FROM created"),
+        "completions": one("SELECT count(*) FROM completion"),
+        "lost": one("SELECT count(*) FROM created c"
+                    " WHERE NOT EXISTS (SELECT 1 FROM completion d WHERE d.id = c.id)"),
+        "duplicated completions": one("SELECT count(*) - count(DISTINCT id) FROM completion"),
+        "completed but never created": one(
+            "SELECT count(*) FROM completion d WHERE NOT EXISTS"
+            " (SELECT 1 FROM created c WHERE c.id = d.id)"),
+        "left in queue": one("SELECT count(*) FROM fairq.message"),
+        "dead letters": one("SELECT count(*) FROM fairq.dead_letter"),
+        "recovered deliveries completed": one("SELECT count(*) FROM completion WHERE recovered"),
+        "workers killed": killed,
+        "monitor samples": monitor.samples,
+        "cap violations": len(monitor.cap_violations),
+        "in_flight drift samples": len(monitor.counter_drift),
+        "check() problems during load": len(monitor.problems),
+    }
+    problems_at_end = db.execute("SELECT * FROM fairq.check()").fetchall()
+    orphans = db.execute(
+        "SELECT m.id, m.channel_id, m.status::text, m.num_attempts, c.channel, m.created_at::text"
+        " FROM fairq.message m LEFT JOIN created c ON c.id = m.id"
+        " WHERE NOT EXISTS (SELECT 1 FROM fairq.channel k WHERE k.id = m.channel_id)").fetchall()
+    print(f"\n{len(channels)} channels, caps {sorted(set(caps.values()))}: " +
+          ", ".join(f"{k} {v}" for k, v in counts.items()) +
+          f"; highest in flight on capped channels: "
+          f"{ {k: v for k, v in sorted(monitor.max_seen.items())[:6]} }")
+    must_be_zero = ("lost", "duplicated completions", "completed but never created",
+                    "left in queue", "dead letters", "cap violations", "in_flight drift samples",
+                    "check() problems during load")
+    details = (f"cap violations {monitor.cap_violations[:5]}, drift {monitor.counter_drift[:5]},"
+               f" check() during load {monitor.problems[:5]}, check() at the end {problems_at_end},"
+               f" messages without a channel (id, channel_id, status, attempts, channel, created)"
+               f" {orphans}, channels {db.execute('SELECT id, name FROM fairq.channel').fetchall()}")
+    assert {k: counts[k] for k in must_be_zero} == dict.fromkeys(must_be_zero, 0), details
+    assert counts["created"] == producers * per_producer
+    assert problems_at_end == []
+    assert killed > 0 and monitor.samples > 0
+    return counts
+
+
+def test_few_channels_with_caps_and_crashing_workers(dsn: str, db: Any, logdir: Path) -> None:
+    run_load(dsn, db, logdir, channels=["a", "b", "c", "d"], caps={"a": 1, "b": 2, "c": 3},
+             per_producer=350, seed=1)
+
+
+def test_many_channels_with_caps_and_crashing_workers(dsn: str, db: Any, logdir: Path) -> None:
+    channels = [f"t{i:03d}" for i in range(150)]
+    caps = {name: 1 + i % 3 for i, name in enumerate(channels) if i % 5 == 0}
+    run_load(dsn, db, logdir, channels=channels, caps=caps, per_producer=400, seed=2)
+
+
+@pytest.mark.slow
+def test_many_channels_long(dsn: str, db: Any, logdir: Path) -> None:
+    channels = [f"t{i:04d}" for i in range(1000)]
+    caps = {name: 1 + i % 3 for i, name in enumerate(channels) if i % 4 == 0}
+    run_load(dsn, db, logdir, channels=channels, caps=caps, per_producer=4000, workers=6,
+             seed=3)
+
+
+def test_held_snapshot_does_not_stop_the_queue(dsn: str, db: Any, logdir: Path) -> None:
+    """A REPEATABLE READ transaction with a snapshot, open for the whole run, while
+    worker processes drain a backlog: the queue keeps serving and empties."""
+    channels = [f"s{i}" for i in range(40)]
+    total = 1500
+    for start in range(0, total, 500):
+        names = [channels[i % len(channels)] for i in range(start, start + 500)]
+        db.execute("WITH c AS (SELECT * FROM fairq.message_create_batch(%s::text[], %s::bytea[]))"
+                   " INSERT INTO created SELECT c.id, u.ch FROM c"
+                   " JOIN unnest(%s::text[]) WITH ORDINALITY AS u(ch, i) ON u.i = c.ord",
+                   (names, [b"x"] * len(names), names))
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        seen = holder.execute("SELECT count(*) FROM fairq.message").fetchone()
+        assert seen == (total,)
+        deadline = time.time() + 90
+        pool = [spawn({"dsn": dsn, "deadline": deadline, "role": "worker", "name": f"h{i}",
+                       "seed": i, "lock_ms": 30_000, "work_ms": 0, "max_batch": 10}, logdir)
+                for i in range(3)]
+        started = time.monotonic()
+        try:
+            drained = wait_until(lambda: db.execute("SELECT count(*) FROM fairq.message")
+                                 .fetchone() == (0,), timeout=60)
+        finally:
+            for p in pool:
+                p.kill()
+                p.wait()
+        elapsed = time.monotonic() - started
+        # The snapshot is still held and still sees the whole backlog.
+        assert holder.execute("SELECT count(*) FROM fairq.message").fetchone() == (total,)
+        assert holder.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    completions = db.execute("SELECT count(*), count(DISTINCT id) FROM completion").fetchone()
+    print(f"\nheld snapshot: {total} messages on {len(channels)} channels drained: {drained}"
+          f" in {elapsed:.1f}s, completions {completions}")
+    assert drained
+    assert completions == (total, total)
+    assert db.execute("SELECT * FROM fairq.check()").fetchall() == []
