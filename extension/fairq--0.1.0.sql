@@ -354,11 +354,14 @@ $$;
 --   * lock order, everywhere: a message row, then its channel row, then its
 --     channel_size row. The dequeue only ever waits for a channel row, and only
 --     when it holds no other lock, so fairq calls cannot deadlock one another;
---   * producers hold FOR KEY SHARE on their channel row, which dequeues and
---     settlements (FOR NO KEY UPDATE) do not conflict with: an open producer
---     transaction never hides or blocks its channel. Only a change that would make
---     a channel *less* eligible (going idle, removal) needs to know that no producer
---     is mid-insert, and it learns that with FOR UPDATE SKIP LOCKED, never by waiting;
+--   * producers take no lock on their channel row: they hold the channel's producer
+--     lock (a transaction-level advisory lock on the channel name, shared among
+--     producers), which dequeues and settlements never wait for, so an open producer
+--     transaction never hides or blocks its channel. Only a change that would make a
+--     channel *less* eligible (going idle, removal) needs to know that no producer is
+--     mid-insert, and it learns that by trying the producer lock exclusively, never by
+--     waiting. (Row share locks would do the same job, but the MultiXacts they create
+--     make even SKIP LOCKED wait, and deadlock, when it follows a row's update chain.)
 --   * a channel joins the round-robin at the back (its turn is "now"), a served
 --     channel goes to the back, and a rate-limited channel's turn is never earlier
 --     than its last release plus release_interval_ms.
@@ -383,8 +386,10 @@ $$;
 
 -- Writes back a channel row its caller has locked and changed. p_keep_turn keeps an
 -- earlier turn (create, defer, settle); without it the turn is recomputed from
--- scratch (the channel was just served or found to have nothing due).
-CREATE FUNCTION fairq.channel_store(p_channel fairq.channel, p_now timestamptz, p_keep_turn boolean)
+-- scratch (the channel was just served or found to have nothing due). A new turn
+-- takes p_turn_seq, or the next value of fairq.turn_seq.
+CREATE FUNCTION fairq.channel_store(p_channel fairq.channel, p_now timestamptz, p_keep_turn boolean,
+                                    p_turn_seq bigint DEFAULT NULL)
 RETURNS fairq.channel
 LANGUAGE plpgsql
 AS $$
@@ -397,7 +402,7 @@ BEGIN
     IF v_turn_at IS NULL THEN
         p_channel.turn_seq := NULL;
     ELSIF NOT p_keep_turn OR v_turn_at IS DISTINCT FROM p_channel.turn_at THEN
-        p_channel.turn_seq := nextval('fairq.turn_seq');
+        p_channel.turn_seq := coalesce(p_turn_seq, nextval('fairq.turn_seq'));
     END IF;
     p_channel.turn_at := v_turn_at;
     UPDATE fairq.channel
@@ -429,15 +434,44 @@ $$;
 -- (plpgsql, not SQL, below: a SQL function that cannot be inlined would be planned
 -- again at every call; plpgsql keeps its plans for the session.)
 
--- True when no other transaction holds a lock on the channel row, i.e. no producer
--- is inserting into it right now. Takes FOR UPDATE, so producers that arrive later
--- wait for this transaction and then see what it decided.
-CREATE FUNCTION fairq.channel_quiet(p_channel_id bigint) RETURNS boolean
+-- The producer lock of a channel: advisory, transaction-level, keyed by the channel
+-- name in fairq's own key space (class 1717660018 = 'fair' in ASCII; two-key advisory
+-- locks never collide with one-key ones). Two names sharing a hash only cost an
+-- extra wait or a skipped clean-up, never correctness.
+CREATE FUNCTION fairq.producer_lock_key(p_channel text) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT hashtext(p_channel) $$;
+
+-- True when no producer is inserting into the channel right now. On true, holds the
+-- producer lock exclusively until commit, so producers that arrive later wait for
+-- this transaction and then see what it decided.
+CREATE FUNCTION fairq.channel_quiet(p_channel text) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM 1 FROM fairq.channel WHERE id = p_channel_id FOR UPDATE SKIP LOCKED;
-    RETURN FOUND;
+    RETURN pg_try_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
+END
+$$;
+
+-- When a locked channel's earliest pending message is due, for a caller about to
+-- write it back. Making the channel less eligible (nothing due now, or nothing at
+-- all) first takes the producer lock and then looks again, in a new snapshot: a
+-- producer mid-insert means "keep it due now", and one that committed just before
+-- the lock is seen by the second look.
+CREATE FUNCTION fairq.settled_due_at(p_channel_id bigint, p_channel_name text, p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_due_at timestamptz := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
+BEGIN
+    IF v_due_at IS NULL OR v_due_at > p_now THEN
+        IF NOT fairq.channel_quiet(p_channel_name) THEN
+            RETURN p_now;
+        END IF;
+        v_due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
+    END IF;
+    RETURN v_due_at;
 END
 $$;
 
@@ -448,22 +482,24 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     IF NOT p_channel.has_policy AND p_channel.in_flight = 0 AND p_channel.due_at IS NULL
-       AND fairq.channel_quiet(p_channel.id) THEN
+       AND fairq.channel_quiet(p_channel.name) THEN
         DELETE FROM fairq.channel WHERE id = p_channel.id;
     END IF;
 END
 $$;
 
--- The channel row for a producer, created with the default policy on first use and
--- held FOR KEY SHARE (which also keeps it from being collected).
+-- The channel row for a producer, created with the default policy on first use,
+-- under the channel's producer lock (shared), which also keeps it from being
+-- collected until this transaction ends.
 CREATE FUNCTION fairq.channel_for_producer(p_name text) RETURNS fairq.channel
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_channel fairq.channel;
 BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1717660018, fairq.producer_lock_key(p_name));
     LOOP
-        SELECT * INTO v_channel FROM fairq.channel WHERE name = p_name FOR KEY SHARE;
+        SELECT * INTO v_channel FROM fairq.channel WHERE name = p_name;
         IF FOUND THEN
             RETURN v_channel;
         END IF;
@@ -562,9 +598,11 @@ BEGIN
     PERFORM fairq.require_limit(p_max_size, 'p_max_size');
     PERFORM fairq.require_limit(p_max_attempts, 'p_max_attempts');
 
+    -- The producer lock, exclusively: waits out producers mid-insert, so that they
+    -- and the size count below agree on max_size.
+    PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
     INSERT INTO fairq.channel (name) VALUES (p_channel) ON CONFLICT (name) DO NOTHING;
-    -- FOR UPDATE waits out producers mid-insert, so the size count below is exact.
-    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel FOR UPDATE;
+    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel FOR NO KEY UPDATE;
 
     UPDATE fairq.channel
        SET has_policy = true, max_concurrency = p_max_concurrency,
@@ -580,7 +618,9 @@ BEGIN
         SELECT v_channel.id, count(*) FROM fairq.message WHERE channel_id = v_channel.id
         ON CONFLICT (channel_id) DO NOTHING;
     END IF;
-    PERFORM fairq.channel_store(v_channel, v_now, true);
+    -- New limits apply from now: the turn is recomputed (a raised release interval
+    -- moves it later, a lowered one brings it to now).
+    PERFORM fairq.channel_store(v_channel, v_now, false);
 END
 $$;
 
@@ -593,7 +633,9 @@ DECLARE
     v_channel fairq.channel;
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
-    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel AND has_policy FOR UPDATE;
+    PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
+    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel AND has_policy
+       FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -603,7 +645,7 @@ BEGIN
            max_size = NULL, max_attempts = NULL
      WHERE id = v_channel.id
     RETURNING * INTO v_channel;
-    v_channel := fairq.channel_store(v_channel, v_now, true);
+    v_channel := fairq.channel_store(v_channel, v_now, false);
     PERFORM fairq.channel_collect(v_channel);
     RETURN true;
 END
@@ -619,15 +661,15 @@ COMMENT ON FUNCTION fairq.channel_clear(text) IS
 -- create.sql — putting messages on channels.
 --
 -- Invariants:
---   * a producer holds its channel row only FOR KEY SHARE, and takes the row for an
+--   * a producer holds only its channel's producer lock, and takes the row for an
 --     update only when its message must bring the channel's turn forward (the
 --     channel had nothing due before it); on a backlogged channel, producers and
 --     workers never wait for one another;
 --   * a dequeue never makes a channel less eligible while a producer holds that
---     share lock (see channels.sql), so a message committed later is never stranded;
+--     lock (see channels.sql), so a message committed later is never stranded;
 --   * a bounded channel admits a message only while its count is below max_size;
 --   * at most one message per (channel, dedup_key) exists at a time;
---   * channels are visited in name order, so concurrent batches cannot deadlock.
+--   * channel rows are locked in id order, like every call that locks several.
 -- message_create is message_create_batch of one element: one code path. In both, a
 -- NULL dequeue_at means now and a NULL priority means 0.
 
@@ -648,6 +690,7 @@ DECLARE
     v_names text[] := '{}';
     v_channel_ids bigint[] := '{}';
     v_bounded fairq.channel[] := '{}';
+    v_woken bigint[] := '{}';
     v_channel fairq.channel;
     v_channel_of bigint[];   -- per element: its channel's id
     v_first_of integer[];    -- per element: the first element with its channel and dedup key
@@ -686,8 +729,9 @@ BEGIN
         PERFORM fairq.require_dedup_key(p_dedup_keys[v_bad], format('p_dedup_keys[%s]', v_bad));
     END IF;
 
-    -- Share-lock every channel (creating it on first use); the share lock conflicts
-    -- only with channel_set/channel_clear, which lock one channel each.
+    -- Take every channel's producer lock (creating the channel on first use); it
+    -- conflicts only with channel_set/channel_clear and with a dequeue deciding that
+    -- a channel is empty, each of which holds it for one short call.
     FOR v_row IN
         SELECT DISTINCT u.channel FROM unnest(p_channels) AS u(channel) ORDER BY u.channel
     LOOP
@@ -708,6 +752,7 @@ BEGIN
          WHERE u.channel = v_channel.name;
         IF v_channel.due_at IS NULL OR (v_earliest < v_channel.due_at AND v_channel.due_at > v_now) THEN
             PERFORM fairq.channel_wake(v_channel.id, v_earliest, v_now);
+            v_woken := v_woken || v_channel.id;
         END IF;
         IF v_channel.max_size IS NOT NULL THEN
             v_bounded := v_bounded || v_channel;
@@ -798,6 +843,19 @@ BEGIN
         END IF;
     END LOOP;
 
+    -- A channel woken above that got nothing (all dropped or duplicates) must not keep
+    -- the turn it was given.
+    FOR v_channel IN
+        SELECT c.* FROM fairq.channel c
+         WHERE c.id = ANY (v_woken)
+           AND NOT EXISTS (SELECT 1 FROM unnest(v_channel_of, v_statuses) AS u(channel_id, status)
+                            WHERE u.channel_id = c.id AND u.status = 'created')
+    LOOP
+        v_channel.due_at := fairq.settled_due_at(v_channel.id, v_channel.name, v_now);
+        v_channel := fairq.channel_store(v_channel, v_now, false);
+        PERFORM fairq.channel_collect(v_channel);
+    END LOOP;
+
     PERFORM fairq.notify_event('created', c.name, min(u.id), min(coalesce(u.dequeue_at, v_now)))
        FROM unnest(v_channel_of, v_ids, v_statuses, p_dequeue_ats) AS u(channel_id, id, status, dequeue_at)
        JOIN unnest(v_names, v_channel_ids) AS c(name, id) ON c.id = u.channel_id
@@ -865,10 +923,7 @@ COMMENT ON FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], i
 -- a row do: each served channel goes behind every channel still waiting. So a call
 -- with p_max_messages = n repeats steps 2-4 in rounds until n messages are out or no
 -- channel is eligible, and equals n single dequeues; turn_seq keeps the turns strict
--- although every release in the call happens at the same instant. (Rounds after the
--- first serve only the channels the first round locked: a channel another call
--- released meanwhile waits for the next call, so that no call acquires a row lock
--- while it holds others it acquired by turn order.)
+-- although every release in the call happens at the same instant.
 -- A dequeue should run in its own transaction: it locks the channels it serves
 -- until commit.
 
@@ -911,20 +966,15 @@ $$;
 -- Step 4 for a locked channel that had nothing to hand out: its due_at was early
 -- (a cancelled or concurrently taken head). Recompute it; if the channel is empty,
 -- collect it.
-CREATE FUNCTION fairq.channel_retire(p_channel_id bigint, p_now timestamptz) RETURNS void
+CREATE FUNCTION fairq.channel_retire(p_channel_id bigint, p_now timestamptz, p_turn_seq bigint)
+RETURNS void
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_channel fairq.channel := fairq.channel_lock(p_channel_id);
 BEGIN
-    v_channel.due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
-    IF (v_channel.due_at IS NULL OR v_channel.due_at > p_now)
-       AND NOT fairq.channel_quiet(p_channel_id) THEN
-        -- A producer is inserting into this channel right now and decided, seeing it
-        -- due, not to move its turn: keep it due; a later turn finds the message.
-        v_channel.due_at := p_now;
-    END IF;
-    v_channel := fairq.channel_store(v_channel, p_now, false);
+    v_channel.due_at := fairq.settled_due_at(p_channel_id, v_channel.name, p_now);
+    v_channel := fairq.channel_store(v_channel, p_now, false, p_turn_seq);
     PERFORM fairq.channel_collect(v_channel);
 END
 $$;
@@ -1004,9 +1054,10 @@ DECLARE
     v_picked bigint[];
     v_ids bigint[];
     v_served bigint[];
-    v_idle bigint;
     v_visited bigint[] := '{}';
-    v_held bigint[];
+    v_turn_seqs bigint[];
+    v_drained fairq.channel;
+    v_pos integer;
     v_count integer := 0;
     v_holds_locks boolean;
 BEGIN
@@ -1016,12 +1067,9 @@ BEGIN
 
     WHILE v_count < p_max_messages LOOP
         -- Step 2.
-        -- After the first round, only channels this call already holds: taking new
-        -- row locks while holding others is how lock cycles start.
         v_picked := ARRAY(
             SELECT c.id FROM fairq.channel c
              WHERE c.turn_at <= v_now AND c.id <> ALL (v_visited)
-               AND (v_held IS NULL OR c.id = ANY (v_held))
              ORDER BY c.turn_at, c.turn_seq
              LIMIT p_max_messages - v_count
                FOR NO KEY UPDATE SKIP LOCKED);
@@ -1032,7 +1080,9 @@ BEGIN
             v_picked := ARRAY[v_channel.id];
         END IF;
         v_holds_locks := true;
-        v_held := coalesce(v_held, v_picked);
+        -- The turn_seq of each picked channel, in pick order: served or not, each
+        -- takes its next turn in the order n single dequeues would give it.
+        v_turn_seqs := ARRAY(SELECT nextval('fairq.turn_seq') FROM generate_series(1, cardinality(v_picked)));
 
         -- Step 3.
         UPDATE fairq.message m SET status = 'ready'
@@ -1064,30 +1114,33 @@ BEGIN
           INTO v_ids, v_served
           FROM locked l;
 
-        -- Step 4, for the served channels in the order they were served.
-        UPDATE fairq.channel c
-           SET in_flight = c.in_flight + 1,
-               last_release_at = v_now,
-               due_at = n.due_at,
-               turn_at = fairq.next_turn(NULL, n.due_at, v_now, c.release_interval_ms,
-                                         c.in_flight + 1, c.max_concurrency, v_now),
-               turn_seq = n.turn_seq
-          FROM (SELECT o.channel_id,
-                       CASE WHEN (o.pending IS NULL OR o.pending > v_now)
-                                 AND NOT fairq.channel_quiet(o.channel_id)
-                            THEN v_now  -- a producer is mid-insert: see channel_retire
-                            ELSE o.pending END AS due_at,
-                       nextval('fairq.turn_seq') AS turn_seq
-                  FROM (SELECT s.channel_id, p.due_at AS pending
-                          FROM unnest(v_served) WITH ORDINALITY AS s(channel_id, pos)
-                         CROSS JOIN LATERAL fairq.pending_due_at(s.channel_id) AS p
-                         ORDER BY s.pos
-                        OFFSET 0) o
-                OFFSET 0) n  -- keeps n.due_at a plain column, so next_turn is inlined
-         WHERE c.id = n.channel_id;
-        FOREACH v_idle IN ARRAY ARRAY(SELECT unnest(v_picked) EXCEPT SELECT unnest(v_served)) LOOP
-            PERFORM fairq.channel_retire(v_idle, v_now);
-            v_visited := v_visited || v_idle;
+        -- Step 4, for the served channels at once.
+        FOR v_drained IN
+            UPDATE fairq.channel c
+               SET in_flight = c.in_flight + 1,
+                   last_release_at = v_now,
+                   due_at = n.due_at,
+                   turn_at = fairq.next_turn(NULL, n.due_at, v_now, c.release_interval_ms,
+                                             c.in_flight + 1, c.max_concurrency, v_now),
+                   turn_seq = v_turn_seqs[array_position(v_picked, c.id)]
+              FROM (SELECT s.channel_id, p.due_at
+                      FROM unnest(v_served) AS s(channel_id)
+                     CROSS JOIN LATERAL fairq.pending_due_at(s.channel_id) AS p
+                    OFFSET 0) n  -- keeps n.due_at a plain column, so next_turn is inlined
+             WHERE c.id = n.channel_id
+            RETURNING c.*
+        LOOP
+            -- A served channel with nothing more due now: look again under the
+            -- producer lock before it goes idle or waits (see fairq.settled_due_at).
+            CONTINUE WHEN v_drained.due_at <= v_now;
+            v_drained.due_at := fairq.settled_due_at(v_drained.id, v_drained.name, v_now);
+            PERFORM fairq.channel_store(v_drained, v_now, false, v_drained.turn_seq);
+        END LOOP;
+        -- Picked channels that had nothing to hand out, in pick order.
+        FOR v_pos IN 1 .. cardinality(v_picked) LOOP
+            CONTINUE WHEN v_picked[v_pos] = ANY (v_served);
+            PERFORM fairq.channel_retire(v_picked[v_pos], v_now, v_turn_seqs[v_pos]);
+            v_visited := v_visited || v_picked[v_pos];
         END LOOP;
 
         RETURN QUERY
@@ -1302,9 +1355,11 @@ BEGIN
 END
 $$;
 
--- Cancelling only share-locks the channel, like creating, so a producer may cancel
--- inside a long transaction without hiding the channel from workers: the channel's due_at may stay early (a
--- dequeue then finds nothing, recomputes it, and collects an empty channel).
+-- Cancelling takes only the producer lock, like creating, so a producer may cancel
+-- inside a long transaction without hiding a channel from workers: the channel's
+-- due_at may stay early (a dequeue then finds nothing and recomputes it). Only when
+-- the channel has nothing pending left is its row locked, to drop its turn and
+-- collect it if it is empty.
 CREATE FUNCTION fairq.message_cancel(p_id bigint) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1320,10 +1375,20 @@ BEGIN
     IF NOT FOUND THEN
         RETURN fairq.miss(p_id, 'locked');
     END IF;
-    -- The share lock only keeps channel_set from changing max_size under our feet.
-    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id FOR KEY SHARE;
+    -- The producer lock only keeps channel_set from changing max_size under our feet.
+    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
+    PERFORM pg_advisory_xact_lock_shared(1717660018, fairq.producer_lock_key(v_channel.name));
+    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     PERFORM fairq.record_history(v_message, v_channel.name, 'cancelled', v_now);
     PERFORM fairq.channel_resize(v_channel, -1, false);
+    -- Nothing pending any more: the channel's turn (maybe far in the future) must go,
+    -- and an empty channel without policy with it. Only then is the row locked.
+    IF NOT EXISTS (SELECT 1 FROM fairq.pending_due_at(v_channel.id) AS p WHERE p.due_at IS NOT NULL) THEN
+        v_channel := fairq.channel_lock(v_channel.id);
+        v_channel.due_at := fairq.settled_due_at(v_channel.id, v_channel.name, v_now);
+        v_channel := fairq.channel_store(v_channel, v_now, false);
+        PERFORM fairq.channel_collect(v_channel);
+    END IF;
     RETURN 'cancelled';
 END
 $$;

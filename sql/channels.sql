@@ -4,11 +4,14 @@
 --   * lock order, everywhere: a message row, then its channel row, then its
 --     channel_size row. The dequeue only ever waits for a channel row, and only
 --     when it holds no other lock, so fairq calls cannot deadlock one another;
---   * producers hold FOR KEY SHARE on their channel row, which dequeues and
---     settlements (FOR NO KEY UPDATE) do not conflict with: an open producer
---     transaction never hides or blocks its channel. Only a change that would make
---     a channel *less* eligible (going idle, removal) needs to know that no producer
---     is mid-insert, and it learns that with FOR UPDATE SKIP LOCKED, never by waiting;
+--   * producers take no lock on their channel row: they hold the channel's producer
+--     lock (a transaction-level advisory lock on the channel name, shared among
+--     producers), which dequeues and settlements never wait for, so an open producer
+--     transaction never hides or blocks its channel. Only a change that would make a
+--     channel *less* eligible (going idle, removal) needs to know that no producer is
+--     mid-insert, and it learns that by trying the producer lock exclusively, never by
+--     waiting. (Row share locks would do the same job, but the MultiXacts they create
+--     make even SKIP LOCKED wait, and deadlock, when it follows a row's update chain.)
 --   * a channel joins the round-robin at the back (its turn is "now"), a served
 --     channel goes to the back, and a rate-limited channel's turn is never earlier
 --     than its last release plus release_interval_ms.
@@ -33,8 +36,10 @@ $$;
 
 -- Writes back a channel row its caller has locked and changed. p_keep_turn keeps an
 -- earlier turn (create, defer, settle); without it the turn is recomputed from
--- scratch (the channel was just served or found to have nothing due).
-CREATE FUNCTION fairq.channel_store(p_channel fairq.channel, p_now timestamptz, p_keep_turn boolean)
+-- scratch (the channel was just served or found to have nothing due). A new turn
+-- takes p_turn_seq, or the next value of fairq.turn_seq.
+CREATE FUNCTION fairq.channel_store(p_channel fairq.channel, p_now timestamptz, p_keep_turn boolean,
+                                    p_turn_seq bigint DEFAULT NULL)
 RETURNS fairq.channel
 LANGUAGE plpgsql
 AS $$
@@ -47,7 +52,7 @@ BEGIN
     IF v_turn_at IS NULL THEN
         p_channel.turn_seq := NULL;
     ELSIF NOT p_keep_turn OR v_turn_at IS DISTINCT FROM p_channel.turn_at THEN
-        p_channel.turn_seq := nextval('fairq.turn_seq');
+        p_channel.turn_seq := coalesce(p_turn_seq, nextval('fairq.turn_seq'));
     END IF;
     p_channel.turn_at := v_turn_at;
     UPDATE fairq.channel
@@ -79,15 +84,44 @@ $$;
 -- (plpgsql, not SQL, below: a SQL function that cannot be inlined would be planned
 -- again at every call; plpgsql keeps its plans for the session.)
 
--- True when no other transaction holds a lock on the channel row, i.e. no producer
--- is inserting into it right now. Takes FOR UPDATE, so producers that arrive later
--- wait for this transaction and then see what it decided.
-CREATE FUNCTION fairq.channel_quiet(p_channel_id bigint) RETURNS boolean
+-- The producer lock of a channel: advisory, transaction-level, keyed by the channel
+-- name in fairq's own key space (class 1717660018 = 'fair' in ASCII; two-key advisory
+-- locks never collide with one-key ones). Two names sharing a hash only cost an
+-- extra wait or a skipped clean-up, never correctness.
+CREATE FUNCTION fairq.producer_lock_key(p_channel text) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT hashtext(p_channel) $$;
+
+-- True when no producer is inserting into the channel right now. On true, holds the
+-- producer lock exclusively until commit, so producers that arrive later wait for
+-- this transaction and then see what it decided.
+CREATE FUNCTION fairq.channel_quiet(p_channel text) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM 1 FROM fairq.channel WHERE id = p_channel_id FOR UPDATE SKIP LOCKED;
-    RETURN FOUND;
+    RETURN pg_try_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
+END
+$$;
+
+-- When a locked channel's earliest pending message is due, for a caller about to
+-- write it back. Making the channel less eligible (nothing due now, or nothing at
+-- all) first takes the producer lock and then looks again, in a new snapshot: a
+-- producer mid-insert means "keep it due now", and one that committed just before
+-- the lock is seen by the second look.
+CREATE FUNCTION fairq.settled_due_at(p_channel_id bigint, p_channel_name text, p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_due_at timestamptz := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
+BEGIN
+    IF v_due_at IS NULL OR v_due_at > p_now THEN
+        IF NOT fairq.channel_quiet(p_channel_name) THEN
+            RETURN p_now;
+        END IF;
+        v_due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
+    END IF;
+    RETURN v_due_at;
 END
 $$;
 
@@ -98,22 +132,24 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     IF NOT p_channel.has_policy AND p_channel.in_flight = 0 AND p_channel.due_at IS NULL
-       AND fairq.channel_quiet(p_channel.id) THEN
+       AND fairq.channel_quiet(p_channel.name) THEN
         DELETE FROM fairq.channel WHERE id = p_channel.id;
     END IF;
 END
 $$;
 
--- The channel row for a producer, created with the default policy on first use and
--- held FOR KEY SHARE (which also keeps it from being collected).
+-- The channel row for a producer, created with the default policy on first use,
+-- under the channel's producer lock (shared), which also keeps it from being
+-- collected until this transaction ends.
 CREATE FUNCTION fairq.channel_for_producer(p_name text) RETURNS fairq.channel
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_channel fairq.channel;
 BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1717660018, fairq.producer_lock_key(p_name));
     LOOP
-        SELECT * INTO v_channel FROM fairq.channel WHERE name = p_name FOR KEY SHARE;
+        SELECT * INTO v_channel FROM fairq.channel WHERE name = p_name;
         IF FOUND THEN
             RETURN v_channel;
         END IF;
@@ -212,9 +248,11 @@ BEGIN
     PERFORM fairq.require_limit(p_max_size, 'p_max_size');
     PERFORM fairq.require_limit(p_max_attempts, 'p_max_attempts');
 
+    -- The producer lock, exclusively: waits out producers mid-insert, so that they
+    -- and the size count below agree on max_size.
+    PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
     INSERT INTO fairq.channel (name) VALUES (p_channel) ON CONFLICT (name) DO NOTHING;
-    -- FOR UPDATE waits out producers mid-insert, so the size count below is exact.
-    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel FOR UPDATE;
+    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel FOR NO KEY UPDATE;
 
     UPDATE fairq.channel
        SET has_policy = true, max_concurrency = p_max_concurrency,
@@ -230,7 +268,9 @@ BEGIN
         SELECT v_channel.id, count(*) FROM fairq.message WHERE channel_id = v_channel.id
         ON CONFLICT (channel_id) DO NOTHING;
     END IF;
-    PERFORM fairq.channel_store(v_channel, v_now, true);
+    -- New limits apply from now: the turn is recomputed (a raised release interval
+    -- moves it later, a lowered one brings it to now).
+    PERFORM fairq.channel_store(v_channel, v_now, false);
 END
 $$;
 
@@ -243,7 +283,9 @@ DECLARE
     v_channel fairq.channel;
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
-    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel AND has_policy FOR UPDATE;
+    PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
+    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel AND has_policy
+       FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -253,7 +295,7 @@ BEGIN
            max_size = NULL, max_attempts = NULL
      WHERE id = v_channel.id
     RETURNING * INTO v_channel;
-    v_channel := fairq.channel_store(v_channel, v_now, true);
+    v_channel := fairq.channel_store(v_channel, v_now, false);
     PERFORM fairq.channel_collect(v_channel);
     RETURN true;
 END

@@ -1,15 +1,15 @@
 -- create.sql — putting messages on channels.
 --
 -- Invariants:
---   * a producer holds its channel row only FOR KEY SHARE, and takes the row for an
+--   * a producer holds only its channel's producer lock, and takes the row for an
 --     update only when its message must bring the channel's turn forward (the
 --     channel had nothing due before it); on a backlogged channel, producers and
 --     workers never wait for one another;
 --   * a dequeue never makes a channel less eligible while a producer holds that
---     share lock (see channels.sql), so a message committed later is never stranded;
+--     lock (see channels.sql), so a message committed later is never stranded;
 --   * a bounded channel admits a message only while its count is below max_size;
 --   * at most one message per (channel, dedup_key) exists at a time;
---   * channels are visited in name order, so concurrent batches cannot deadlock.
+--   * channel rows are locked in id order, like every call that locks several.
 -- message_create is message_create_batch of one element: one code path. In both, a
 -- NULL dequeue_at means now and a NULL priority means 0.
 
@@ -30,6 +30,7 @@ DECLARE
     v_names text[] := '{}';
     v_channel_ids bigint[] := '{}';
     v_bounded fairq.channel[] := '{}';
+    v_woken bigint[] := '{}';
     v_channel fairq.channel;
     v_channel_of bigint[];   -- per element: its channel's id
     v_first_of integer[];    -- per element: the first element with its channel and dedup key
@@ -68,8 +69,9 @@ BEGIN
         PERFORM fairq.require_dedup_key(p_dedup_keys[v_bad], format('p_dedup_keys[%s]', v_bad));
     END IF;
 
-    -- Share-lock every channel (creating it on first use); the share lock conflicts
-    -- only with channel_set/channel_clear, which lock one channel each.
+    -- Take every channel's producer lock (creating the channel on first use); it
+    -- conflicts only with channel_set/channel_clear and with a dequeue deciding that
+    -- a channel is empty, each of which holds it for one short call.
     FOR v_row IN
         SELECT DISTINCT u.channel FROM unnest(p_channels) AS u(channel) ORDER BY u.channel
     LOOP
@@ -90,6 +92,7 @@ BEGIN
          WHERE u.channel = v_channel.name;
         IF v_channel.due_at IS NULL OR (v_earliest < v_channel.due_at AND v_channel.due_at > v_now) THEN
             PERFORM fairq.channel_wake(v_channel.id, v_earliest, v_now);
+            v_woken := v_woken || v_channel.id;
         END IF;
         IF v_channel.max_size IS NOT NULL THEN
             v_bounded := v_bounded || v_channel;
@@ -178,6 +181,19 @@ BEGIN
             v_ids[i] := v_ids[v_first_of[i]];
             v_statuses[i] := CASE WHEN v_statuses[v_first_of[i]] = 'dropped' THEN 'dropped' ELSE 'duplicate' END;
         END IF;
+    END LOOP;
+
+    -- A channel woken above that got nothing (all dropped or duplicates) must not keep
+    -- the turn it was given.
+    FOR v_channel IN
+        SELECT c.* FROM fairq.channel c
+         WHERE c.id = ANY (v_woken)
+           AND NOT EXISTS (SELECT 1 FROM unnest(v_channel_of, v_statuses) AS u(channel_id, status)
+                            WHERE u.channel_id = c.id AND u.status = 'created')
+    LOOP
+        v_channel.due_at := fairq.settled_due_at(v_channel.id, v_channel.name, v_now);
+        v_channel := fairq.channel_store(v_channel, v_now, false);
+        PERFORM fairq.channel_collect(v_channel);
     END LOOP;
 
     PERFORM fairq.notify_event('created', c.name, min(u.id), min(coalesce(u.dequeue_at, v_now)))

@@ -26,10 +26,7 @@
 -- a row do: each served channel goes behind every channel still waiting. So a call
 -- with p_max_messages = n repeats steps 2-4 in rounds until n messages are out or no
 -- channel is eligible, and equals n single dequeues; turn_seq keeps the turns strict
--- although every release in the call happens at the same instant. (Rounds after the
--- first serve only the channels the first round locked: a channel another call
--- released meanwhile waits for the next call, so that no call acquires a row lock
--- while it holds others it acquired by turn order.)
+-- although every release in the call happens at the same instant.
 -- A dequeue should run in its own transaction: it locks the channels it serves
 -- until commit.
 
@@ -72,20 +69,15 @@ $$;
 -- Step 4 for a locked channel that had nothing to hand out: its due_at was early
 -- (a cancelled or concurrently taken head). Recompute it; if the channel is empty,
 -- collect it.
-CREATE FUNCTION fairq.channel_retire(p_channel_id bigint, p_now timestamptz) RETURNS void
+CREATE FUNCTION fairq.channel_retire(p_channel_id bigint, p_now timestamptz, p_turn_seq bigint)
+RETURNS void
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_channel fairq.channel := fairq.channel_lock(p_channel_id);
 BEGIN
-    v_channel.due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
-    IF (v_channel.due_at IS NULL OR v_channel.due_at > p_now)
-       AND NOT fairq.channel_quiet(p_channel_id) THEN
-        -- A producer is inserting into this channel right now and decided, seeing it
-        -- due, not to move its turn: keep it due; a later turn finds the message.
-        v_channel.due_at := p_now;
-    END IF;
-    v_channel := fairq.channel_store(v_channel, p_now, false);
+    v_channel.due_at := fairq.settled_due_at(p_channel_id, v_channel.name, p_now);
+    v_channel := fairq.channel_store(v_channel, p_now, false, p_turn_seq);
     PERFORM fairq.channel_collect(v_channel);
 END
 $$;
@@ -165,9 +157,10 @@ DECLARE
     v_picked bigint[];
     v_ids bigint[];
     v_served bigint[];
-    v_idle bigint;
     v_visited bigint[] := '{}';
-    v_held bigint[];
+    v_turn_seqs bigint[];
+    v_drained fairq.channel;
+    v_pos integer;
     v_count integer := 0;
     v_holds_locks boolean;
 BEGIN
@@ -177,12 +170,9 @@ BEGIN
 
     WHILE v_count < p_max_messages LOOP
         -- Step 2.
-        -- After the first round, only channels this call already holds: taking new
-        -- row locks while holding others is how lock cycles start.
         v_picked := ARRAY(
             SELECT c.id FROM fairq.channel c
              WHERE c.turn_at <= v_now AND c.id <> ALL (v_visited)
-               AND (v_held IS NULL OR c.id = ANY (v_held))
              ORDER BY c.turn_at, c.turn_seq
              LIMIT p_max_messages - v_count
                FOR NO KEY UPDATE SKIP LOCKED);
@@ -193,7 +183,9 @@ BEGIN
             v_picked := ARRAY[v_channel.id];
         END IF;
         v_holds_locks := true;
-        v_held := coalesce(v_held, v_picked);
+        -- The turn_seq of each picked channel, in pick order: served or not, each
+        -- takes its next turn in the order n single dequeues would give it.
+        v_turn_seqs := ARRAY(SELECT nextval('fairq.turn_seq') FROM generate_series(1, cardinality(v_picked)));
 
         -- Step 3.
         UPDATE fairq.message m SET status = 'ready'
@@ -225,30 +217,33 @@ BEGIN
           INTO v_ids, v_served
           FROM locked l;
 
-        -- Step 4, for the served channels in the order they were served.
-        UPDATE fairq.channel c
-           SET in_flight = c.in_flight + 1,
-               last_release_at = v_now,
-               due_at = n.due_at,
-               turn_at = fairq.next_turn(NULL, n.due_at, v_now, c.release_interval_ms,
-                                         c.in_flight + 1, c.max_concurrency, v_now),
-               turn_seq = n.turn_seq
-          FROM (SELECT o.channel_id,
-                       CASE WHEN (o.pending IS NULL OR o.pending > v_now)
-                                 AND NOT fairq.channel_quiet(o.channel_id)
-                            THEN v_now  -- a producer is mid-insert: see channel_retire
-                            ELSE o.pending END AS due_at,
-                       nextval('fairq.turn_seq') AS turn_seq
-                  FROM (SELECT s.channel_id, p.due_at AS pending
-                          FROM unnest(v_served) WITH ORDINALITY AS s(channel_id, pos)
-                         CROSS JOIN LATERAL fairq.pending_due_at(s.channel_id) AS p
-                         ORDER BY s.pos
-                        OFFSET 0) o
-                OFFSET 0) n  -- keeps n.due_at a plain column, so next_turn is inlined
-         WHERE c.id = n.channel_id;
-        FOREACH v_idle IN ARRAY ARRAY(SELECT unnest(v_picked) EXCEPT SELECT unnest(v_served)) LOOP
-            PERFORM fairq.channel_retire(v_idle, v_now);
-            v_visited := v_visited || v_idle;
+        -- Step 4, for the served channels at once.
+        FOR v_drained IN
+            UPDATE fairq.channel c
+               SET in_flight = c.in_flight + 1,
+                   last_release_at = v_now,
+                   due_at = n.due_at,
+                   turn_at = fairq.next_turn(NULL, n.due_at, v_now, c.release_interval_ms,
+                                             c.in_flight + 1, c.max_concurrency, v_now),
+                   turn_seq = v_turn_seqs[array_position(v_picked, c.id)]
+              FROM (SELECT s.channel_id, p.due_at
+                      FROM unnest(v_served) AS s(channel_id)
+                     CROSS JOIN LATERAL fairq.pending_due_at(s.channel_id) AS p
+                    OFFSET 0) n  -- keeps n.due_at a plain column, so next_turn is inlined
+             WHERE c.id = n.channel_id
+            RETURNING c.*
+        LOOP
+            -- A served channel with nothing more due now: look again under the
+            -- producer lock before it goes idle or waits (see fairq.settled_due_at).
+            CONTINUE WHEN v_drained.due_at <= v_now;
+            v_drained.due_at := fairq.settled_due_at(v_drained.id, v_drained.name, v_now);
+            PERFORM fairq.channel_store(v_drained, v_now, false, v_drained.turn_seq);
+        END LOOP;
+        -- Picked channels that had nothing to hand out, in pick order.
+        FOR v_pos IN 1 .. cardinality(v_picked) LOOP
+            CONTINUE WHEN v_picked[v_pos] = ANY (v_served);
+            PERFORM fairq.channel_retire(v_picked[v_pos], v_now, v_turn_seqs[v_pos]);
+            v_visited := v_visited || v_picked[v_pos];
         END LOOP;
 
         RETURN QUERY

@@ -193,9 +193,11 @@ BEGIN
 END
 $$;
 
--- Cancelling only share-locks the channel, like creating, so a producer may cancel
--- inside a long transaction without hiding the channel from workers: the channel's due_at may stay early (a
--- dequeue then finds nothing, recomputes it, and collects an empty channel).
+-- Cancelling takes only the producer lock, like creating, so a producer may cancel
+-- inside a long transaction without hiding a channel from workers: the channel's
+-- due_at may stay early (a dequeue then finds nothing and recomputes it). Only when
+-- the channel has nothing pending left is its row locked, to drop its turn and
+-- collect it if it is empty.
 CREATE FUNCTION fairq.message_cancel(p_id bigint) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -211,10 +213,20 @@ BEGIN
     IF NOT FOUND THEN
         RETURN fairq.miss(p_id, 'locked');
     END IF;
-    -- The share lock only keeps channel_set from changing max_size under our feet.
-    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id FOR KEY SHARE;
+    -- The producer lock only keeps channel_set from changing max_size under our feet.
+    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
+    PERFORM pg_advisory_xact_lock_shared(1717660018, fairq.producer_lock_key(v_channel.name));
+    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     PERFORM fairq.record_history(v_message, v_channel.name, 'cancelled', v_now);
     PERFORM fairq.channel_resize(v_channel, -1, false);
+    -- Nothing pending any more: the channel's turn (maybe far in the future) must go,
+    -- and an empty channel without policy with it. Only then is the row locked.
+    IF NOT EXISTS (SELECT 1 FROM fairq.pending_due_at(v_channel.id) AS p WHERE p.due_at IS NOT NULL) THEN
+        v_channel := fairq.channel_lock(v_channel.id);
+        v_channel.due_at := fairq.settled_due_at(v_channel.id, v_channel.name, v_now);
+        v_channel := fairq.channel_store(v_channel, v_now, false);
+        PERFORM fairq.channel_collect(v_channel);
+    END IF;
     RETURN 'cancelled';
 END
 $$;

@@ -209,7 +209,7 @@ class Model:
             self.sizes.pop(ch.id, None)
         elif ch.id not in self.sizes:
             self.sizes[ch.id] = sum(1 for m in self.messages.values() if m.channel_id == ch.id)
-        self.channel_store(ch, now, True)
+        self.channel_store(ch, now, False)  # new limits apply from now
 
     def channel_clear(self, name: str, now: T) -> bool:
         ch = self.by_name(name)
@@ -221,7 +221,7 @@ class Model:
         ch.release_interval = 0
         ch.max_size = None
         ch.max_attempts = None
-        self.channel_store(ch, now, True)
+        self.channel_store(ch, now, False)
         self.channel_collect(ch)
         return True
 
@@ -246,10 +246,12 @@ class Model:
             d = due if due is not None else now
             due_by_channel[channel] = min(due_by_channel.get(channel, d), d)
         taken = {channel: self.channel_for_producer(channel) for channel in sorted(due_by_channel)}
+        woken: list[Channel] = []
         for ch in sorted(taken.values(), key=lambda c: c.id):  # the lock order: channel id
             channel_due = due_by_channel[ch.name]
             if ch.due_at is None or (channel_due < ch.due_at and ch.due_at > now):
                 self.channel_wake(ch, channel_due, now)
+                woken.append(ch)
         out: list[tuple[int, int | None, str]] = []
         for i, (channel, content, due, priority, dedup) in enumerate(items, 1):
             ch = taken[channel]
@@ -269,6 +271,12 @@ class Model:
                 mid, ch.id, "ready" if dequeue_at <= now else "scheduled",
                 priority if priority is not None else 0, dequeue_at, content, dedup_key=dedup)
             out.append((i, mid, "created"))
+        # A channel woken for messages that were all dropped or duplicates loses that turn.
+        for ch in woken:
+            if not any(status == "created" and items[i - 1][0] == ch.name for i, _, status in out):
+                ch.due_at = self.pending_due_at(ch)
+                self.channel_store(ch, now, False)
+                self.channel_collect(ch)
         return out
 
     # -- dequeue.sql --------------------------------------------------------------------
@@ -447,6 +455,13 @@ class Model:
         self.channel_unlock(ch, 1, None, now)
         return "dead"
 
+    def settle_if_nothing_pending(self, ch: Channel, now: T) -> None:
+        """A channel left with nothing pending drops its turn, and goes if empty."""
+        if self.pending_due_at(ch) is None:
+            ch.due_at = None
+            self.channel_store(ch, now, False)
+            self.channel_collect(ch)
+
     def cancel(self, mid: int, now: T) -> str:
         m = self.messages.get(mid)
         if m is None or m.status == "locked":
@@ -455,6 +470,7 @@ class Model:
         ch = self.channels[m.channel_id]
         self.history.append((m.id, ch.name, "cancelled", m.num_attempts))
         self.channel_resize(ch, -1, False)
+        self.settle_if_nothing_pending(ch, now)
         return "cancelled"
 
     def dead_letter_retry(self, mid: int, now: T) -> str:
