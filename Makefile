@@ -36,6 +36,11 @@ script:
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
+# PySpark is large (about 500 MB): only the targets that run Spark install it.
+$(VENV)/.installed-spark: $(VENV)/.installed
 	$(PIP) install --quiet -e '.[test,spark]'
 	touch $@
 
@@ -47,7 +52,7 @@ lint: venv
 
 # Installs the extension into the PostgreSQL that PG_CONFIG names (needs write
 # access to its share directory), then runs every default suite.
-test: venv install lint
+test: venv $(VENV)/.installed-spark install lint
 	$(VENV)/bin/pytest -q tests
 
 demo: venv install

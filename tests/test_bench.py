@@ -26,7 +26,7 @@ POSITIVE = (
     "floor_msgs_per_s", "fifo_msgs_per_s", "cycle_msgs_per_s", "cycle_vs_floor",
     "batched_msgs_per_s", "batched_floor_msgs_per_s", "batched_vs_floor",
     "depth_latency_ratio", "channels_latency_ratio", "fairness_wait_ratio",
-    "held_snapshot_ratio", "soak_ratio",
+    "held_snapshot_ratio",
 )
 
 pytestmark = pytest.mark.skipif(shutil.which("pgbench") is None, reason="pgbench not installed")
@@ -43,6 +43,8 @@ def test_every_scenario_reports_every_key(dsn: str, tmp_path: Path) -> None:
     for key in POSITIVE:
         value = results[key]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
+    # A tiny soak may produce everything before its last tenth completes anything.
+    assert math.isfinite(results["soak_ratio"]) and results["soak_ratio"] >= 0
     assert 0 < results["jain_index"] <= 1 + 1e-9
     assert results["machine"]["cores"] >= 1
     assert results["machine"]["settings"]["fsync"] in ("on", "off")

@@ -59,10 +59,7 @@ def test_one_dequeue_of_n_equals_n_single_dequeues_when_turns_tie(conn: Conn) ->
         create(conn, "c")
         create(conn, "c", dequeue_at=t)
         assert call(conn, "message_cancel", cancel_me) == "cancelled"
-        if split:
-            got = dequeue(conn, HOUR, 1) + dequeue(conn, HOUR, 1)
-        else:
-            got = dequeue(conn, HOUR, 2)
+        got = dequeue(conn, HOUR, 1) + dequeue(conn, HOUR, 1) if split else dequeue(conn, HOUR, 2)
         assert [d.channel for d in got] == ["c"]
         travel(conn, int((t - at(conn, 0)).total_seconds() * 1000) + 1)
         return [d.channel for d in dequeue(conn, HOUR, 2)]

@@ -65,6 +65,7 @@ SHELL_COMMANDS = {
                                         "test database's template",
     "fairq install --dsn": "tests/test_install.py and tests/test_cli.py",
     "fairq upgrade --dsn": "tests/test_install.py and tests/test_cli.py",
+    "fairq report --dsn": "tests/test_readme_spark.py runs the README's Spark example and this",
     "fairq worker": "tests/test_worker.py runs `fairq worker MODULE:FUNCTION` as a process; "
                     "test_cli_worker_block_parses checks this block's options",
 }
