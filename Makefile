@@ -46,13 +46,14 @@ $(VENV)/.installed-spark: $(VENV)/.installed
 
 venv: $(VENV)/.installed
 
-lint: venv
+# mypy checks fairq.spark against PySpark's own annotations.
+lint: $(VENV)/.installed-spark
 	$(VENV)/bin/ruff check python tests
 	$(VENV)/bin/mypy --strict python/fairq
 
 # Installs the extension into the PostgreSQL that PG_CONFIG names (needs write
 # access to its share directory), then runs every default suite.
-test: venv $(VENV)/.installed-spark install lint
+test: $(VENV)/.installed-spark install lint
 	$(VENV)/bin/pytest -q tests
 
 demo: venv install
