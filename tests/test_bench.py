@@ -11,6 +11,7 @@ import math
 import shutil
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from fairq import bench
@@ -70,3 +71,14 @@ def test_every_scenario_reports_every_key(dsn: str, tmp_path: Path) -> None:
 
 def test_main_rejects_unknown_scenarios() -> None:
     assert bench.main(["--only", "nonsense"]) == 2
+
+
+def test_spark_flag_adds_the_dataframe_enqueue_rate(dsn: str, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    assert bench.main(["--dsn", dsn, "--sizes", "tiny", "--only", "depth", "--spark",
+                       "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["spark_enqueue_rows_per_s"] > 0
+    assert results["targets"]["spark_enqueue_rows_per_s"]["target"] == ">= 20000"
+    with psycopg.connect(dsn) as conn:  # the bench cleans up after itself
+        assert conn.execute("SELECT count(*) FROM fairq.message").fetchone() == (0,)

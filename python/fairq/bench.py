@@ -115,7 +115,11 @@ TARGETS: tuple[tuple[str, str, float], ...] = (
     ("jain_index", ">=", 0.99),
     ("held_snapshot_ratio", ">=", 0.7),
     ("soak_ratio", ">=", 0.9),
+    ("spark_enqueue_rows_per_s", ">=", 20_000),
 )
+
+# Rows a DataFrame enqueues in the --spark scenario, by size preset.
+SPARK_ROWS = {"full": 1_000_000, "quick": 100_000, "tiny": 2_000}
 
 DURABLE_SETTINGS = {
     "fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
@@ -1016,6 +1020,28 @@ def run(dsn: str, sizes: Sizes, log: Log | None = None,
     return out
 
 
+def spark_scenario(dsn: str, rows: int, results: dict[str, Any], log: Log) -> None:
+    """``--spark``: enqueue ``rows`` DataFrame rows through fairq.spark (local[2]) and
+    add ``spark_enqueue_rows_per_s`` and its target to ``results``."""
+    from fairq.spark import bench_enqueue, local_session
+
+    log(f"spark: enqueueing {rows:,} DataFrame rows (local[2])")
+    reset(dsn)
+    spark = local_session("local[2]")
+    try:
+        rate = bench_enqueue(spark, dsn, rows)
+    finally:
+        spark.stop()
+        reset(dsn)
+        with connect(dsn) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    log(f"  spark: {rate:,.0f} rows/s")
+    results["spark_enqueue_rows_per_s"] = rate
+    results.setdefault("targets", {}).update(
+        {key: {"target": f"{op} {limit:g}", "value": rate, "met": _met(rate, op, limit)}
+         for key, op, limit in TARGETS if key == "spark_enqueue_rows_per_s"})
+
+
 def _met(value: Any, op: str, limit: float) -> bool | None:
     if not isinstance(value, (int, float)) or math.isnan(value):
         return None
@@ -1052,6 +1078,7 @@ ROWS = (
     ("jain_index", "Jain index, backlogged tenants", "{:.4f}"),
     ("held_snapshot_ratio", "cycle with held snapshot / without", "{:.3f}"),
     ("soak_ratio", "soak, last tenth / first tenth", "{:.3f}"),
+    ("spark_enqueue_rows_per_s", "Spark DataFrame enqueue (rows/s)", "{:,.0f}"),
 )
 
 
@@ -1103,6 +1130,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="small sizes: the whole run takes under 3 minutes")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the results here")
     parser.add_argument("--plots", type=Path, metavar="DIR", help="write PNG plots here")
+    parser.add_argument("--spark", action="store_true",
+                        help="also measure enqueueing a DataFrame through fairq.spark"
+                             " (needs the spark extra and the JDBC driver)")
     parser.add_argument("--sizes", choices=("full", "quick", "tiny"), help=argparse.SUPPRESS)
     parser.add_argument("--only", help=argparse.SUPPRESS)  # comma-separated scenarios
     # Own cluster only: preload pg_stat_statements and report top statements per
@@ -1136,6 +1166,8 @@ def main(argv: list[str] | None = None) -> int:
             dsn, where = cluster.dsn(), f"throwaway, {DURABLE_SETTINGS}"
         log(f"fairq bench ({sizes.name}) against {dsn}")
         results = run(dsn, sizes, log, scenarios, where, profile=args.profile)
+        if args.spark:
+            spark_scenario(dsn, SPARK_ROWS[sizes.name], results, log)
     except KeyboardInterrupt:
         print("fairq bench: interrupted", file=sys.stderr)
         return 130
