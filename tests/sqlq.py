@@ -104,3 +104,21 @@ def channels_of(deliveries: list[Delivery]) -> list[str]:
 
 def counts(deliveries: list[Delivery]) -> Counter[str]:
     return Counter(channels_of(deliveries))
+
+
+def call_fuzzed(conn: Conn, label: str, sql: str, args: Any, names: Any,
+                unrepresentable: bool) -> None:
+    """One fuzzed call: it succeeds, or it fails with 22004/22023 and a message naming
+    one of ``names``, or (exactly when an argument does not fit its SQL type, so the
+    cast fails before fairq runs) with 22003."""
+    try:
+        conn.execute(sql, args).fetchall()
+    except psycopg.Error as e:
+        summary = f"{label}{args!r:.300}: {e.sqlstate} {e.diag.message_primary}"
+        if unrepresentable:
+            assert e.sqlstate == "22003", summary
+        else:
+            assert e.sqlstate in ("22004", "22023"), summary
+            assert any(n in (e.diag.message_primary or "") for n in names), summary
+    else:
+        assert not unrepresentable, f"{label}{args!r:.300} accepted an out-of-range value"
