@@ -25,13 +25,19 @@ PYTHON ?= python3
 VENV ?= .venv
 PIP = $(VENV)/bin/pip
 
-.PHONY: script venv test lint demo bench
+.PHONY: script upgrade-script venv test lint demo bench
 
 # Regenerates the current version's install script from sql/.
 script:
 	@{ echo '-- fairq $(EXTVERSION) — generated from sql/ by `make script`; do not edit.'; \
 	   printf '%s\n' '\echo Use "CREATE EXTENSION fairq" to load this file. \quit'; \
 	   for f in $(SQL_SOURCES); do echo; echo "-- ==== $$f ===="; echo; cat $$f; done; } > $(SCRIPT)
+
+# Regenerates the upgrade script from a released version to the current one, e.g.
+# `make upgrade-script FROM=0.1.0` (functions and comments only; see the tool).
+upgrade-script: script
+	$(PYTHON) tools/upgrade_script.py extension/fairq--$(FROM).sql $(SCRIPT) \
+	    > extension/fairq--$(FROM)--$(EXTVERSION).sql
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

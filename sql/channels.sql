@@ -20,12 +20,14 @@
 
 -- When a channel's next turn comes. With p_turn_at set, an existing earlier turn is
 -- kept (a new message never delays a channel that already waits for its turn).
+-- STABLE, not IMMUTABLE, because timestamptz + interval is: a SQL function is inlined
+-- into the statements that call it only when it claims no more than its body does.
 CREATE FUNCTION fairq.next_turn(
     p_turn_at timestamptz, p_due_at timestamptz, p_last_release_at timestamptz,
     p_release_interval_ms bigint, p_in_flight integer, p_max_concurrency integer,
     p_now timestamptz
 ) RETURNS timestamptz
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT CASE
         WHEN p_due_at IS NULL THEN NULL

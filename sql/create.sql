@@ -12,6 +12,15 @@
 --   * channel rows are locked in id order, like every call that locks several.
 -- message_create is message_create_batch of one element: one code path. In both, a
 -- NULL dequeue_at means now and a NULL priority means 0.
+--
+-- Every queue call (message_*, dead_letter_retry) runs with, besides its pinned
+-- search_path:
+--   * plan_cache_mode = force_generic_plan: its statements are planned once per
+--     session, not at every call (planning cost more than executing them);
+--   * enable_seqscan = off: every statement is written for index lookups, and a plan
+--     cached while a table was nearly empty must not stay a sequential scan once the
+--     queue is deep;
+--   * jit = off: statements that take microseconds never pay for compilation.
 
 CREATE FUNCTION fairq.message_create_batch(
     p_channels text[],
@@ -22,6 +31,7 @@ CREATE FUNCTION fairq.message_create_batch(
 ) RETURNS TABLE(ord integer, id bigint, status text)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -84,12 +94,17 @@ BEGIN
     -- before everything it holds. Doing so before inserting keeps the lock order
     -- (channel, then size) and is harmless if nothing ends up created: a dequeue that
     -- finds nothing recomputes the channel.
-    FOR v_channel IN
-        SELECT c.* FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) ORDER BY c.id
+    FOR v_row IN
+        SELECT c AS channel, e.earliest
+          FROM fairq.channel c
+          JOIN (SELECT u.channel, min(coalesce(u.dequeue_at, v_now)) AS earliest
+                  FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
+                 GROUP BY u.channel) e ON e.channel = c.name
+         WHERE c.id = ANY (v_channel_ids)
+         ORDER BY c.id
     LOOP
-        SELECT min(coalesce(u.dequeue_at, v_now)) INTO v_earliest
-          FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
-         WHERE u.channel = v_channel.name;
+        v_channel := v_row.channel;
+        v_earliest := v_row.earliest;
         IF v_channel.due_at IS NULL OR (v_earliest < v_channel.due_at AND v_channel.due_at > v_now) THEN
             PERFORM fairq.channel_wake(v_channel.id, v_earliest, v_now);
             v_woken := v_woken || v_channel.id;
@@ -114,7 +129,9 @@ BEGIN
         FOR v_row IN
             SELECT u.i, m.id
               FROM unnest(v_channel_of, p_dedup_keys) WITH ORDINALITY AS u(channel_id, dedup_key, i)
-              JOIN fairq.message m ON m.channel_id = u.channel_id AND m.dedup_key = u.dedup_key
+             CROSS JOIN LATERAL (SELECT m.id FROM fairq.message m  -- one probe per element
+                                  WHERE m.channel_id = u.channel_id AND m.dedup_key = u.dedup_key
+                                  LIMIT 1) m
         LOOP
             v_ids[v_row.i] := v_row.id;
             v_statuses[v_row.i] := 'duplicate';
@@ -196,10 +213,11 @@ BEGIN
         PERFORM fairq.channel_collect(v_channel);
     END LOOP;
 
+    -- A message wakes workers only where its channel's turn moved earlier.
     PERFORM fairq.notify_event('created', c.name, min(u.id), min(coalesce(u.dequeue_at, v_now)))
        FROM unnest(v_channel_of, v_ids, v_statuses, p_dequeue_ats) AS u(channel_id, id, status, dequeue_at)
        JOIN unnest(v_names, v_channel_ids) AS c(name, id) ON c.id = u.channel_id
-      WHERE u.status = 'created'
+      WHERE u.status = 'created' AND fairq.events_wanted(c.id = ANY (v_woken))
       GROUP BY c.name;
 
     RETURN QUERY SELECT g.i::integer, v_ids[g.i], v_statuses[g.i] FROM generate_series(1, v_count) AS g(i);
@@ -215,6 +233,7 @@ CREATE FUNCTION fairq.message_create(
 ) RETURNS TABLE(id bigint, status text)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN

@@ -148,6 +148,7 @@ RETURNS TABLE(id bigint, channel text, content bytea, state bytea, num_attempts 
               priority integer, dequeue_at timestamptz, recovered boolean)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -189,13 +190,13 @@ BEGIN
 
         -- Step 3.
         UPDATE fairq.message m SET status = 'ready'
-         WHERE m.id IN (SELECT s.id FROM fairq.message s
-                         WHERE s.channel_id = ANY (v_picked) AND s.status = 'scheduled'
-                           AND s.dequeue_at <= v_now
-                           FOR UPDATE SKIP LOCKED);  -- a message being cancelled stays put
+         WHERE m.id = ANY (ARRAY(SELECT s.id FROM fairq.message s
+                                  WHERE s.channel_id = ANY (v_picked) AND s.status = 'scheduled'
+                                    AND s.dequeue_at <= v_now
+                                    FOR UPDATE SKIP LOCKED));  -- a message being cancelled stays put
         PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
-        WITH head AS (
-            SELECT p.pos, h.id
+        v_ids := ARRAY(
+            SELECT h.id
               FROM unnest(v_picked) WITH ORDINALITY AS p(channel_id, pos)
              CROSS JOIN LATERAL (
                    SELECT m.id FROM fairq.message m
@@ -203,18 +204,17 @@ BEGIN
                     ORDER BY m.priority DESC, m.dequeue_at, m.id
                     LIMIT 1
                       FOR UPDATE SKIP LOCKED) h
-        ), locked AS (
+             ORDER BY p.pos);
+        WITH locked AS (
             UPDATE fairq.message m
                SET status = 'locked', locked_until = v_now + v_lock,
                    num_attempts = m.num_attempts + 1,
                    first_dequeued_at = coalesce(m.first_dequeued_at, v_now)
-              FROM head
-             WHERE m.id = head.id
-            RETURNING head.pos, m.id, m.channel_id
+             WHERE m.id = ANY (v_ids)
+            RETURNING m.id, m.channel_id
         )
-        SELECT coalesce(array_agg(l.id ORDER BY l.pos), '{}'),
-               coalesce(array_agg(l.channel_id ORDER BY l.pos), '{}')
-          INTO v_ids, v_served
+        SELECT coalesce(array_agg(l.channel_id ORDER BY array_position(v_ids, l.id)), '{}')
+          INTO v_served
           FROM locked l;
 
         -- Step 4, for the served channels at once.
@@ -230,7 +230,7 @@ BEGIN
                       FROM unnest(v_served) AS s(channel_id)
                      CROSS JOIN LATERAL fairq.pending_due_at(s.channel_id) AS p
                     OFFSET 0) n  -- keeps n.due_at a plain column, so next_turn is inlined
-             WHERE c.id = n.channel_id
+             WHERE c.id = ANY (v_served) AND c.id = n.channel_id
             RETURNING c.*
         LOOP
             -- A served channel with nothing more due now: look again under the
@@ -252,6 +252,7 @@ BEGIN
               FROM unnest(v_ids) WITH ORDINALITY AS u(id, pos)
               JOIN fairq.message m ON m.id = u.id
               JOIN fairq.channel c ON c.id = m.channel_id
+             WHERE m.id = ANY (v_ids) AND c.id = ANY (v_served)
              ORDER BY u.pos;
         v_count := v_count + cardinality(v_ids);
     END LOOP;

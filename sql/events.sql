@@ -2,21 +2,36 @@
 --
 -- Invariants:
 --   * events are hints sent from inside the caller's transaction, so listeners hear
---     of a message only once it is committed; payloads stay small (NOTIFY takes a
---     global lock at commit) and `SET fairq.events = off` silences them;
+--     of a message only once it is committed; by default only calls that make work
+--     available send one (see fairq.events_wanted), payloads stay small, and
+--     `SET fairq.events = off` silences them;
 --   * with `fairq.history = on`, every message that leaves the queue (completed,
 --     dead, cancelled) leaves exactly one row in fairq.message_history;
 --   * a dead letter keeps everything needed to put the message back.
 
+-- Whether a call should send its event. fairq.events = 'wake' (the default; 'on' too)
+-- sends only the events that may wake a sleeping worker: the call made work
+-- available that was not (p_wakes). 'all' sends every event, 'off' none. Every
+-- NOTIFY holds a database-wide lock from commit until its WAL is flushed, so events
+-- that wake nobody are what serialises a busy queue's commits.
+CREATE FUNCTION fairq.events_wanted(p_wakes boolean) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE coalesce(current_setting('fairq.events', true), '')
+               WHEN 'all' THEN true
+               WHEN 'off' THEN false WHEN 'false' THEN false WHEN '0' THEN false
+               ELSE p_wakes
+           END
+$$;
+
+-- Sends one event; callers ask fairq.events_wanted first.
 CREATE FUNCTION fairq.notify_event(p_event text, p_channel text, p_id bigint, p_dequeue_at timestamptz)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF coalesce(current_setting('fairq.events', true), '') NOT IN ('off', 'false', '0') THEN
-        PERFORM pg_notify('fairq', json_build_object(
-            'event', p_event, 'channel', p_channel, 'id', p_id, 'dequeue_at', p_dequeue_at)::text);
-    END IF;
+    PERFORM pg_notify('fairq', json_build_object(
+        'event', p_event, 'channel', p_channel, 'id', p_id, 'dequeue_at', p_dequeue_at)::text);
 END
 $$;
 

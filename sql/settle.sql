@@ -3,7 +3,7 @@
 -- Invariants:
 --   * num_attempts is the fencing token: a call acts only on a message that is
 --     still 'locked' with the caller's num_attempts; otherwise it answers 'stale'
---     (or 'not_found') and changes nothing, and takes no lock;
+--     (or 'not_found') and changes nothing;
 --   * a lock that has expired but was not yet recovered still belongs to its
 --     holder: nobody else has been handed the message;
 --   * leaving 'locked' frees exactly one concurrency slot, under the channel lock;
@@ -22,17 +22,37 @@ BEGIN
 END
 $$;
 
+-- The message, locked for update, if its caller still holds it (status 'locked' and
+-- the caller's num_attempts); else NULL. It is found by id and tested as a row: a
+-- statement that says "status = 'locked'" could be planned as a walk through every
+-- lock in message_locked_ix.
+CREATE FUNCTION fairq.held_message(p_id bigint, p_num_attempts bigint) RETURNS fairq.message
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_message fairq.message;
+BEGIN
+    SELECT * INTO v_message FROM fairq.message WHERE id = p_id FOR UPDATE;
+    IF v_message.status = 'locked' AND v_message.num_attempts = p_num_attempts THEN
+        RETURN v_message;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION fairq.message_complete_batch(p_ids bigint[], p_num_attempts bigint[])
 RETURNS TABLE(id bigint, status text)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := fairq.clock();
     v_done fairq.message[];
+    v_claimed bigint[];
     v_channel_ids bigint[];
-    v_channel fairq.channel;
+    v_freed record;
 BEGIN
     PERFORM fairq.require(p_ids, 'p_ids');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
@@ -49,16 +69,17 @@ BEGIN
     END IF;
 
     -- Messages first, in id order, then channels in id order: the global lock order.
-    PERFORM 1 FROM fairq.message m WHERE m.id = ANY (p_ids) ORDER BY m.id FOR UPDATE;
-    WITH first_claim AS (
-        -- An id listed twice is settled by its first occurrence only.
-        SELECT DISTINCT ON (u.id) u.id, u.num_attempts
-          FROM unnest(p_ids, p_num_attempts) WITH ORDINALITY AS u(id, num_attempts, i)
-         ORDER BY u.id, u.i
-    ), deleted AS (
-        DELETE FROM fairq.message m USING first_claim f
-         WHERE m.id = f.id AND m.status = 'locked' AND m.num_attempts = f.num_attempts
-        RETURNING m.*
+    -- Of the locked messages, those the caller still holds are settled; an id listed
+    -- twice is settled by its first occurrence only. (OFFSET 0 keeps the filter out
+    -- of the locking subquery, so messages are found by id, never by reading every
+    -- lock in message_locked_ix.)
+    v_claimed := ARRAY(
+        SELECT m.id
+          FROM (SELECT * FROM fairq.message m WHERE m.id = ANY (p_ids) ORDER BY m.id
+                   FOR UPDATE OFFSET 0) m
+         WHERE m.status = 'locked' AND m.num_attempts = p_num_attempts[array_position(p_ids, m.id)]);
+    WITH deleted AS (
+        DELETE FROM fairq.message m WHERE m.id = ANY (v_claimed) RETURNING m.*
     )
     SELECT coalesce(array_agg(d ORDER BY d.id), '{}') INTO v_done FROM deleted d;
 
@@ -69,31 +90,42 @@ BEGIN
          ORDER BY s.channel_id FOR UPDATE;
         UPDATE fairq.channel_size s SET size = s.size - g.n
           FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) g
-         WHERE s.channel_id = g.channel_id;
+         WHERE s.channel_id = ANY (v_channel_ids) AND s.channel_id = g.channel_id;
     END IF;
     PERFORM fairq.record_history(d, c.name, 'completed', v_now)
        FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
-      WHERE coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1');
+      WHERE c.id = ANY (v_channel_ids) AND coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1');
 
-    -- Free the slots (the set-based form of fairq.channel_unlock).
-    FOR v_channel IN
-        UPDATE fairq.channel c
-           SET in_flight = c.in_flight - g.n,
-               turn_at = fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
-                                         c.in_flight - g.n, c.max_concurrency, v_now),
-               turn_seq = CASE
-                   WHEN fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
-                                        c.in_flight - g.n, c.max_concurrency, v_now)
-                        IS NOT DISTINCT FROM c.turn_at THEN c.turn_seq
-                   ELSE nextval('fairq.turn_seq') END
-          FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) g
-         WHERE c.id = g.channel_id
-        RETURNING c.*
+    -- Free the slots (the set-based form of fairq.channel_unlock). A freed slot wakes
+    -- workers only where the channel was full and has work waiting; only channels
+    -- left empty need a look by channel_collect.
+    FOR v_freed IN
+        WITH freed AS (
+            UPDATE fairq.channel c
+               SET in_flight = c.in_flight - g.n,
+                   turn_at = fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
+                                             c.in_flight - g.n, c.max_concurrency, v_now),
+                   turn_seq = CASE
+                       WHEN fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
+                                            c.in_flight - g.n, c.max_concurrency, v_now)
+                            IS NOT DISTINCT FROM c.turn_at THEN c.turn_seq
+                       ELSE nextval('fairq.turn_seq') END
+              FROM (SELECT d.channel_id, count(*)::integer AS n, max(d.id) AS last_id
+                      FROM unnest(v_done) AS d GROUP BY 1) g
+             WHERE c.id = ANY (v_channel_ids) AND c.id = g.channel_id
+            RETURNING c AS channel, g.last_id,
+                      c.max_concurrency IS NOT NULL AND c.in_flight + g.n >= c.max_concurrency
+                          AND c.turn_at IS NOT NULL AS woke
+        )
+        SELECT f.channel, f.last_id, f.woke FROM freed f
+         WHERE fairq.events_wanted(f.woke) OR (f.channel).due_at IS NULL
     LOOP
-        PERFORM fairq.notify_event('completed', v_channel.name,
-                                   (SELECT max(d.id) FROM unnest(v_done) AS d
-                                     WHERE d.channel_id = v_channel.id), NULL);
-        PERFORM fairq.channel_collect(v_channel);
+        IF fairq.events_wanted(v_freed.woke) THEN
+            PERFORM fairq.notify_event('completed', (v_freed.channel).name, v_freed.last_id, NULL);
+        END IF;
+        IF (v_freed.channel).due_at IS NULL THEN
+            PERFORM fairq.channel_collect(v_freed.channel);
+        END IF;
     END LOOP;
 
     RETURN QUERY
@@ -109,6 +141,7 @@ $$;
 CREATE FUNCTION fairq.message_complete(p_id bigint, p_num_attempts bigint) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 BEGIN
     PERFORM fairq.require(p_id, 'p_id');
@@ -122,6 +155,7 @@ CREATE FUNCTION fairq.message_defer(p_id bigint, p_num_attempts bigint,
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
@@ -131,18 +165,20 @@ DECLARE
 BEGIN
     PERFORM fairq.require(p_id, 'p_id');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
+    IF (fairq.held_message(p_id, p_num_attempts)).id IS NULL THEN
+        RETURN fairq.miss(p_id, 'stale');
+    END IF;
     UPDATE fairq.message
        SET status = CASE WHEN v_dequeue_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status,
            dequeue_at = v_dequeue_at, locked_until = NULL, recovered = false,
            state = coalesce(p_state, state)
-     WHERE id = p_id AND status = 'locked' AND num_attempts = p_num_attempts
+     WHERE id = p_id
     RETURNING * INTO v_message;
-    IF NOT FOUND THEN
-        RETURN fairq.miss(p_id, 'stale');
-    END IF;
     v_channel := fairq.channel_lock(v_message.channel_id);
     PERFORM fairq.channel_unlock(v_channel, 1, v_dequeue_at, v_now);
-    PERFORM fairq.notify_event('deferred', v_channel.name, p_id, v_dequeue_at);
+    IF fairq.events_wanted(true) THEN
+        PERFORM fairq.notify_event('deferred', v_channel.name, p_id, v_dequeue_at);
+    END IF;
     RETURN 'deferred';
 END
 $$;
@@ -151,6 +187,7 @@ CREATE FUNCTION fairq.message_heartbeat(p_id bigint, p_num_attempts bigint, p_lo
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
@@ -158,12 +195,12 @@ BEGIN
     PERFORM fairq.require(p_id, 'p_id');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
     PERFORM fairq.require_duration(p_lock_ms, 1, 'p_lock_ms');
-    UPDATE fairq.message
-       SET locked_until = GREATEST(locked_until, v_now + fairq.ms(p_lock_ms))
-     WHERE id = p_id AND status = 'locked' AND num_attempts = p_num_attempts;
-    IF NOT FOUND THEN
+    IF (fairq.held_message(p_id, p_num_attempts)).id IS NULL THEN
         RETURN fairq.miss(p_id, 'stale');
     END IF;
+    UPDATE fairq.message
+       SET locked_until = GREATEST(locked_until, v_now + fairq.ms(p_lock_ms))
+     WHERE id = p_id;
     RETURN 'heartbeated';
 END
 $$;
@@ -172,6 +209,7 @@ CREATE FUNCTION fairq.message_fail(p_id bigint, p_num_attempts bigint, p_error t
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
@@ -180,12 +218,10 @@ DECLARE
 BEGIN
     PERFORM fairq.require(p_id, 'p_id');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
-    DELETE FROM fairq.message
-     WHERE id = p_id AND status = 'locked' AND num_attempts = p_num_attempts
-    RETURNING * INTO v_message;
-    IF NOT FOUND THEN
+    IF (fairq.held_message(p_id, p_num_attempts)).id IS NULL THEN
         RETURN fairq.miss(p_id, 'stale');
     END IF;
+    DELETE FROM fairq.message WHERE id = p_id RETURNING * INTO v_message;
     v_channel := fairq.channel_lock(v_message.channel_id);
     PERFORM fairq.bury(v_message, v_channel, p_error, v_now);
     PERFORM fairq.channel_unlock(v_channel, 1, NULL, v_now);
@@ -201,6 +237,7 @@ $$;
 CREATE FUNCTION fairq.message_cancel(p_id bigint) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
@@ -234,6 +271,7 @@ $$;
 CREATE FUNCTION fairq.dead_letter_retry(p_id bigint) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
@@ -252,7 +290,9 @@ BEGIN
     INSERT INTO fairq.message (id, channel_id, status, priority, dequeue_at, created_at, content, state)
     VALUES (v_dead.id, v_channel.id, 'ready', v_dead.priority, v_now, v_dead.created_at,
             v_dead.content, v_dead.state);
-    PERFORM fairq.notify_event('created', v_channel.name, v_dead.id, v_now);
+    IF fairq.events_wanted(true) THEN
+        PERFORM fairq.notify_event('created', v_channel.name, v_dead.id, v_now);
+    END IF;
     RETURN 'requeued';
 END
 $$;

@@ -426,10 +426,47 @@ def test_clock_is_the_servers_real_time_per_call(conn: Conn) -> None:
 # -- 7. Events -----------------------------------------------------------------------------------
 
 
-def test_events_are_sent_on_commit_and_can_be_switched_off(dsn: str) -> None:
+def _events(listener: psycopg.Connection[tuple[object, ...]]) -> list[dict[str, object]]:
+    return [json.loads(n.payload) for n in listener.notifies(timeout=0.5, stop_after=20)]
+
+
+def test_by_default_events_are_sent_on_commit_when_work_becomes_available(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as c:
         listener.execute("LISTEN fairq")
+        call(c, "channel_set", "capped", 1, 0, None, None)
+        mid, _ = create(c, "e", b"1")     # e had nothing: wakes
+        create(c, "e", b"2")              # e already had work due: no event
+        d = dequeue_one(c)
+        assert d is not None and d.id == mid
+        call(c, "message_defer", d.id, d.num_attempts, None, None)   # pending again: wakes
+        d = dequeue_one(c)
+        assert d is not None
+        complete(c, d)                    # e has no cap: the slot wakes nobody
+        for _ in range(2):
+            create(c, "capped")
+        c.execute("BEGIN")
+        create(c, "uncommitted")          # heard only once committed
+        got = _events(listener)
+        assert [(e["event"], e["channel"]) for e in got] == [
+            ("created", "e"), ("deferred", "e"), ("created", "capped")]
+        c.execute("COMMIT")
+        held = []
+        while (d := dequeue_one(c)) is not None:
+            held.append(d)
+        capped = next(d for d in held if d.channel == "capped")
+        complete(c, capped)               # capped was full with work waiting: wakes
+        got = _events(listener)
+    assert [(e["event"], e["channel"]) for e in got] == [
+        ("created", "uncommitted"), ("completed", "capped")]
+    assert got[1]["id"] == capped.id
+
+
+def test_events_all_sends_every_event_and_off_none(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as c:
+        listener.execute("LISTEN fairq")
+        c.execute("SET fairq.events = 'all'")
         mid, _ = create(c, "e", b"1")
+        create(c, "e", b"2")
         d = dequeue_one(c)
         assert d is not None
         call(c, "message_defer", d.id, d.num_attempts, None, None)
@@ -437,11 +474,14 @@ def test_events_are_sent_on_commit_and_can_be_switched_off(dsn: str) -> None:
         assert d is not None
         complete(c, d)
         c.execute("SET fairq.events = off")
-        create(c, "e", b"2")
-        events = [json.loads(n.payload) for n in listener.notifies(timeout=0.5, stop_after=10)]
-    assert [e["event"] for e in events] == ["created", "deferred", "completed"]
-    assert all(e["channel"] == "e" and e["id"] == mid for e in events)
-    assert events[0]["dequeue_at"] is not None
+        create(c, "f", b"3")
+        d = dequeue_one(c)
+        assert d is not None
+        complete(c, d)
+        events = _events(listener)
+    assert [e["event"] for e in events] == ["created", "created", "deferred", "completed"]
+    assert all(e["channel"] == "e" for e in events)
+    assert events[0]["id"] == mid and events[0]["dequeue_at"] is not None
 
 
 def test_history_records_every_outcome_when_switched_on(conn: Conn) -> None:
