@@ -38,6 +38,24 @@ AS $$
     END
 $$;
 
+CREATE OR REPLACE FUNCTION fairq.channels_for_producer(p_names text[]) RETURNS SETOF fairq.channel
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1717660018, fairq.producer_lock_key(n.name))
+       FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name) ORDER BY u.name) n;
+    -- A name inserted concurrently is waited for, then left alone: the next
+    -- statement's snapshot sees it either way.
+    INSERT INTO fairq.channel (name)
+    SELECT DISTINCT u.name FROM unnest(p_names) AS u(name)
+     WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.name = u.name)
+     ORDER BY u.name
+    ON CONFLICT (name) DO NOTHING;
+    RETURN QUERY SELECT c.* FROM fairq.channel c WHERE c.name = ANY (p_names) ORDER BY c.id;
+END
+$$;
+REVOKE ALL ON FUNCTION fairq.channels_for_producer(text[]) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION fairq.message_create_batch(
     p_channels text[],
     p_contents bytea[],
@@ -53,8 +71,8 @@ AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
     v_count integer := cardinality(fairq.require(p_channels, 'p_channels'));
-    v_names text[] := '{}';
-    v_channel_ids bigint[] := '{}';
+    v_names text[];
+    v_channel_ids bigint[];
     v_bounded fairq.channel[] := '{}';
     v_woken bigint[] := '{}';
     v_channel fairq.channel;
@@ -98,13 +116,9 @@ BEGIN
     -- Take every channel's producer lock (creating the channel on first use); it
     -- conflicts only with channel_set/channel_clear and with a dequeue deciding that
     -- a channel is empty, each of which holds it for one short call.
-    FOR v_row IN
-        SELECT DISTINCT u.channel FROM unnest(p_channels) AS u(channel) ORDER BY u.channel
-    LOOP
-        v_channel := fairq.channel_for_producer(v_row.channel);
-        v_names := v_names || v_channel.name;
-        v_channel_ids := v_channel_ids || v_channel.id;
-    END LOOP;
+    SELECT coalesce(array_agg(c.name ORDER BY c.id), '{}'), coalesce(array_agg(c.id ORDER BY c.id), '{}')
+      INTO v_names, v_channel_ids
+      FROM fairq.channels_for_producer(p_channels) AS c;
     -- Then, in channel id order like every fairq call that locks several channels,
     -- move a channel's turn forward if the batch's earliest message for it is due
     -- before everything it holds. Doing so before inserting keeps the lock order
@@ -117,6 +131,8 @@ BEGIN
                   FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
                  GROUP BY u.channel) e ON e.channel = c.name
          WHERE c.id = ANY (v_channel_ids)
+           AND (c.due_at IS NULL OR (e.earliest < c.due_at AND c.due_at > v_now)
+                OR c.max_size IS NOT NULL)
          ORDER BY c.id
     LOOP
         v_channel := v_row.channel;
@@ -633,7 +649,7 @@ BEGIN
         RETURN 'not_found';
     END IF;
     -- An operator's retry is not subject to max_size, and carries no dedup key.
-    v_channel := fairq.channel_for_producer(v_dead.channel);
+    SELECT * INTO v_channel FROM fairq.channels_for_producer(ARRAY[v_dead.channel]);
     PERFORM fairq.channel_wake(v_channel.id, v_now, v_now);
     PERFORM fairq.channel_resize(v_channel, 1, false);
     INSERT INTO fairq.message (id, channel_id, status, priority, dequeue_at, created_at, content, state)
@@ -645,3 +661,5 @@ BEGIN
     RETURN 'requeued';
 END
 $$;
+
+DROP FUNCTION fairq.channel_for_producer(text);

@@ -142,23 +142,23 @@ BEGIN
 END
 $$;
 
--- The channel row for a producer, created with the default policy on first use,
--- under the channel's producer lock (shared), which also keeps it from being
--- collected until this transaction ends.
-CREATE FUNCTION fairq.channel_for_producer(p_name text) RETURNS fairq.channel
+-- The channel rows for a producer, created with the default policy on first use,
+-- under each channel's producer lock (shared, taken in name order), which also keeps
+-- them from being collected until this transaction ends.
+CREATE FUNCTION fairq.channels_for_producer(p_names text[]) RETURNS SETOF fairq.channel
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    v_channel fairq.channel;
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(1717660018, fairq.producer_lock_key(p_name));
-    LOOP
-        SELECT * INTO v_channel FROM fairq.channel WHERE name = p_name;
-        IF FOUND THEN
-            RETURN v_channel;
-        END IF;
-        INSERT INTO fairq.channel (name) VALUES (p_name) ON CONFLICT (name) DO NOTHING;
-    END LOOP;
+    PERFORM pg_advisory_xact_lock_shared(1717660018, fairq.producer_lock_key(n.name))
+       FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name) ORDER BY u.name) n;
+    -- A name inserted concurrently is waited for, then left alone: the next
+    -- statement's snapshot sees it either way.
+    INSERT INTO fairq.channel (name)
+    SELECT DISTINCT u.name FROM unnest(p_names) AS u(name)
+     WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.name = u.name)
+     ORDER BY u.name
+    ON CONFLICT (name) DO NOTHING;
+    RETURN QUERY SELECT c.* FROM fairq.channel c WHERE c.name = ANY (p_names) ORDER BY c.id;
 END
 $$;
 

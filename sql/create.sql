@@ -37,8 +37,8 @@ AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
     v_count integer := cardinality(fairq.require(p_channels, 'p_channels'));
-    v_names text[] := '{}';
-    v_channel_ids bigint[] := '{}';
+    v_names text[];
+    v_channel_ids bigint[];
     v_bounded fairq.channel[] := '{}';
     v_woken bigint[] := '{}';
     v_channel fairq.channel;
@@ -82,13 +82,9 @@ BEGIN
     -- Take every channel's producer lock (creating the channel on first use); it
     -- conflicts only with channel_set/channel_clear and with a dequeue deciding that
     -- a channel is empty, each of which holds it for one short call.
-    FOR v_row IN
-        SELECT DISTINCT u.channel FROM unnest(p_channels) AS u(channel) ORDER BY u.channel
-    LOOP
-        v_channel := fairq.channel_for_producer(v_row.channel);
-        v_names := v_names || v_channel.name;
-        v_channel_ids := v_channel_ids || v_channel.id;
-    END LOOP;
+    SELECT coalesce(array_agg(c.name ORDER BY c.id), '{}'), coalesce(array_agg(c.id ORDER BY c.id), '{}')
+      INTO v_names, v_channel_ids
+      FROM fairq.channels_for_producer(p_channels) AS c;
     -- Then, in channel id order like every fairq call that locks several channels,
     -- move a channel's turn forward if the batch's earliest message for it is due
     -- before everything it holds. Doing so before inserting keeps the lock order
@@ -101,6 +97,8 @@ BEGIN
                   FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
                  GROUP BY u.channel) e ON e.channel = c.name
          WHERE c.id = ANY (v_channel_ids)
+           AND (c.due_at IS NULL OR (e.earliest < c.due_at AND c.due_at > v_now)
+                OR c.max_size IS NOT NULL)
          ORDER BY c.id
     LOOP
         v_channel := v_row.channel;

@@ -284,7 +284,7 @@ BEGIN
         RETURN 'not_found';
     END IF;
     -- An operator's retry is not subject to max_size, and carries no dedup key.
-    v_channel := fairq.channel_for_producer(v_dead.channel);
+    SELECT * INTO v_channel FROM fairq.channels_for_producer(ARRAY[v_dead.channel]);
     PERFORM fairq.channel_wake(v_channel.id, v_now, v_now);
     PERFORM fairq.channel_resize(v_channel, 1, false);
     INSERT INTO fairq.message (id, channel_id, status, priority, dequeue_at, created_at, content, state)
