@@ -54,8 +54,8 @@ venv: $(VENV)/.installed
 
 # mypy checks fairq.spark against PySpark's own annotations.
 lint: $(VENV)/.installed-spark
-	$(VENV)/bin/ruff check python tests
-	$(VENV)/bin/mypy --strict python/fairq
+	$(VENV)/bin/ruff check python tests tools
+	$(VENV)/bin/mypy --strict python/fairq tools
 
 # Installs the extension into the PostgreSQL that PG_CONFIG names (needs write
 # access to its share directory), then runs every default suite.

@@ -7,8 +7,8 @@ definition changed is created (CREATE OR REPLACE), every new function is revoked
 PUBLIC like the install script does for all of them, every comment that is new or
 changed is set, and functions that are gone are dropped. Anything else that differs
 (tables, indexes, views, a function whose signature or result type changed) is
-refused: such an upgrade is written by hand. tests/test_upgrade.py proves the result: an upgraded database dumps
-exactly like a fresh install.
+refused: such an upgrade is written by hand. tests/test_upgrade.py proves the
+result: an upgraded database dumps exactly like a fresh install.
 """
 
 from __future__ import annotations

@@ -105,13 +105,13 @@ def create(channel: str, content: bytes, *, dequeue_at: datetime | None,
 
 def create_batch(messages: Sequence[NewMessage[T]], codec: Codec[T]) -> Call[list[CreateResult]]:
     return Call(
-        "SELECT id, status FROM fairq.message_create_batch(p_channels => %(channels)s::text[],"
-        " p_contents => %(contents)s::bytea[],"
+        "SELECT id, status FROM fairq.message_create_batch(p_channels => %(channels)b::text[],"
+        " p_contents => %(contents)b::bytea[],"
         " p_dequeue_ats => (SELECT array_agg(coalesce(u.at, clock_timestamp() + u.delay)"
         "                                    ORDER BY u.i)"
-        "                     FROM unnest(%(dequeue_ats)s::timestamptz[], %(delays)s::interval[])"
+        "                     FROM unnest(%(dequeue_ats)b::timestamptz[], %(delays)b::interval[])"
         "                          WITH ORDINALITY AS u(at, delay, i)),"
-        " p_priorities => %(priorities)s::int[], p_dedup_keys => %(dedup_keys)s::text[])"
+        " p_priorities => %(priorities)b::int[], p_dedup_keys => %(dedup_keys)b::text[])"
         " ORDER BY ord",
         {"channels": [m.channel for m in messages],
          "contents": [codec.encode(m.content) for m in messages],

@@ -731,8 +731,10 @@ def fairness_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
         f" p99 wait {quantile(light_waits, 0.99) * 1e3:.2f} ms; heavy served {heavy_served:,}")
 
     # Jain's index: several tenants backlogged for the whole window (heavy among them).
+    # Enough that none drains within the window: four times what the consumers served
+    # per second in the phase before (which the heavy backlog's size may have capped).
     phase_rate = len(loaded.rows) / max(sizes.fair_phase_s, 0.1)
-    each = int(phase_rate * sizes.jain_window_s * 2 / sizes.jain_tenants) + 50
+    each = int(phase_rate * sizes.jain_window_s * 4 / sizes.jain_tenants) + 200
     load(dsn, lambda i: f"bulk-{i % (sizes.jain_tenants - 1)}", each * (sizes.jain_tenants - 1),
          sizes, log, "backlogged tenants")
     with connect(dsn) as conn:
