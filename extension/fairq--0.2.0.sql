@@ -8,7 +8,8 @@
 -- Invariants kept by every function in this schema:
 --   * one channel row per name (unique), created on first use, removed when it has
 --     no explicit policy and no messages;
---   * channel.in_flight = number of its messages with status 'locked';
+--   * channel.in_flight = number of its messages with status 'locked' when it has a
+--     max_concurrency, else 0: only a capped channel's settlements touch its row;
 --   * channel.due_at is NULL only when the channel has no pending ('ready' or
 --     'scheduled') message, and is never later than the earliest time one of its
 --     pending messages becomes due (it may be earlier: a dequeue then finds nothing
@@ -86,6 +87,9 @@ CREATE INDEX message_scheduled_ix ON fairq.message (channel_id, dequeue_at, id)
     WHERE status = 'scheduled';
 -- Locks that may have expired, oldest expiry first.
 CREATE INDEX message_locked_ix ON fairq.message (locked_until)
+    WHERE status = 'locked';
+-- A channel's locked messages: is an uncapped channel empty, how many are in flight.
+CREATE INDEX message_locked_channel_ix ON fairq.message (channel_id)
     WHERE status = 'locked';
 CREATE UNIQUE INDEX message_dedup_ix ON fairq.message (channel_id, dedup_key)
     WHERE dedup_key IS NOT NULL;
@@ -435,6 +439,12 @@ BEGIN
 END
 $$;
 
+-- How many concurrency slots p_count messages take: none on a channel without
+-- max_concurrency, which keeps in_flight at 0 (see tables.sql).
+CREATE FUNCTION fairq.slots(p_max_concurrency integer, p_count integer) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT CASE WHEN p_max_concurrency IS NULL THEN 0 ELSE p_count END $$;
+
 -- When a channel's earliest pending message becomes due, from the index heads. A
 -- one-row SQL table function, so that `CROSS JOIN LATERAL fairq.pending_due_at(id)`
 -- is inlined into the caller's plan (the dequeue updates many channels at once).
@@ -456,7 +466,10 @@ $$;
 -- The producer lock of a channel: advisory, transaction-level, keyed by the channel
 -- name in fairq's own key space (class 1717660018 = 'fair' in ASCII; two-key advisory
 -- locks never collide with one-key ones). Two names sharing a hash only cost an
--- extra wait or a skipped clean-up, never correctness.
+-- extra wait or a skipped clean-up, never correctness. The same key in class
+-- 1717660019 is the channel's policy lock: completions of uncapped channels hold it
+-- shared, channel_set and channel_clear exclusively, so a completion never sees
+-- max_concurrency change under it (and dequeues never mistake it for a producer).
 CREATE FUNCTION fairq.producer_lock_key(p_channel text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT hashtext(p_channel) $$;
@@ -495,12 +508,15 @@ END
 $$;
 
 -- Removes a channel that has no policy and no messages, unless a producer is
--- inserting into it. The caller holds the row and has checked due_at IS NULL.
+-- inserting into it. The caller holds the row and has checked due_at IS NULL. (A
+-- channel without policy counts no in_flight: its locked messages are looked up.)
 CREATE FUNCTION fairq.channel_collect(p_channel fairq.channel) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF NOT p_channel.has_policy AND p_channel.in_flight = 0 AND p_channel.due_at IS NULL
+    IF NOT p_channel.has_policy AND p_channel.due_at IS NULL
+       AND NOT EXISTS (SELECT 1 FROM fairq.message m
+                        WHERE m.channel_id = p_channel.id AND m.status = 'locked')
        AND fairq.channel_quiet(p_channel.name) THEN
         DELETE FROM fairq.channel WHERE id = p_channel.id;
     END IF;
@@ -556,15 +572,15 @@ END
 $$;
 
 -- p_count messages of the locked channel left the 'locked' status (settled,
--- deferred, recovered): free their concurrency slots. p_due_at is set when they are
--- pending again.
+-- deferred, recovered): free their concurrency slots (a capped channel's). p_due_at
+-- is set when they are pending again.
 CREATE FUNCTION fairq.channel_unlock(p_channel fairq.channel, p_count integer,
                                      p_due_at timestamptz, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    p_channel.in_flight := p_channel.in_flight - p_count;
+    p_channel.in_flight := p_channel.in_flight - fairq.slots(p_channel.max_concurrency, p_count);
     p_channel.due_at := LEAST(p_channel.due_at, p_due_at);
     p_channel := fairq.channel_store(p_channel, p_now, true);
     PERFORM fairq.channel_collect(p_channel);
@@ -620,13 +636,19 @@ BEGIN
     -- The producer lock, exclusively: waits out producers mid-insert, so that they
     -- and the size count below agree on max_size.
     PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
+    PERFORM pg_advisory_xact_lock(1717660019, fairq.producer_lock_key(p_channel));
     INSERT INTO fairq.channel (name) VALUES (p_channel) ON CONFLICT (name) DO NOTHING;
     SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel FOR NO KEY UPDATE;
 
+    -- Completions of an uncapped channel do not lock its row but hold its policy
+    -- lock (shared), so the count of locked messages below is exact.
     UPDATE fairq.channel
        SET has_policy = true, max_concurrency = p_max_concurrency,
            release_interval_ms = p_release_interval_ms, max_size = p_max_size,
-           max_attempts = p_max_attempts
+           max_attempts = p_max_attempts,
+           in_flight = CASE WHEN p_max_concurrency IS NULL THEN 0 ELSE
+                           (SELECT count(*) FROM fairq.message m
+                             WHERE m.channel_id = v_channel.id AND m.status = 'locked') END
      WHERE id = v_channel.id
     RETURNING * INTO v_channel;
 
@@ -653,6 +675,7 @@ DECLARE
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
+    PERFORM pg_advisory_xact_lock(1717660019, fairq.producer_lock_key(p_channel));
     SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel AND has_policy
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
@@ -661,7 +684,7 @@ BEGIN
     DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
     UPDATE fairq.channel
        SET has_policy = false, max_concurrency = NULL, release_interval_ms = 0,
-           max_size = NULL, max_attempts = NULL
+           max_size = NULL, max_attempts = NULL, in_flight = 0
      WHERE id = v_channel.id
     RETURNING * INTO v_channel;
     v_channel := fairq.channel_store(v_channel, v_now, false);
@@ -1153,7 +1176,7 @@ BEGIN
         -- Step 4, for the served channels at once.
         FOR v_drained IN
             UPDATE fairq.channel c
-               SET in_flight = c.in_flight + 1,
+               SET in_flight = c.in_flight + fairq.slots(c.max_concurrency, 1),
                    last_release_at = v_now,
                    due_at = n.due_at,
                    turn_at = fairq.next_turn(NULL, n.due_at, v_now, c.release_interval_ms,
@@ -1205,7 +1228,9 @@ COMMENT ON FUNCTION fairq.message_dequeue(bigint, integer) IS
 --     (or 'not_found') and changes nothing;
 --   * a lock that has expired but was not yet recovered still belongs to its
 --     holder: nobody else has been handed the message;
---   * leaving 'locked' frees exactly one concurrency slot, under the channel lock;
+--   * leaving 'locked' frees exactly one concurrency slot of a capped channel, under
+--     the channel lock; completing an uncapped channel's message takes only its
+--     policy lock (shared), unless the channel may have become empty;
 --   * lock order: the message (the fenced UPDATE/DELETE), then its channel, then its
 --     channel_size row. Batches lock all their messages first, in id order.
 
@@ -1251,7 +1276,8 @@ DECLARE
     v_done fairq.message[];
     v_claimed bigint[];
     v_channel_ids bigint[];
-    v_freed record;
+    v_locked bigint[];
+    v_woken bigint[];
 BEGIN
     PERFORM fairq.require(p_ids, 'p_ids');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
@@ -1283,7 +1309,20 @@ BEGIN
     SELECT coalesce(array_agg(d ORDER BY d.id), '{}') INTO v_done FROM deleted d;
 
     v_channel_ids := ARRAY(SELECT DISTINCT d.channel_id FROM unnest(v_done) AS d ORDER BY 1);
-    PERFORM 1 FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) ORDER BY c.id FOR NO KEY UPDATE;
+    -- The channels' policy locks (shared), so that channel_set cannot change their
+    -- max_concurrency, and recount in_flight, before this commits.
+    PERFORM pg_advisory_xact_lock_shared(1717660019, fairq.producer_lock_key(c.name))
+       FROM (SELECT c.name FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) ORDER BY c.name) c;
+    -- Only two kinds of channel need their row: a capped one frees slots, and one
+    -- without policy and nothing pending may now be empty. Every other completion
+    -- leaves its channel's row alone, so workers completing one tenant's messages do
+    -- not queue behind each other or behind its dequeues.
+    v_locked := ARRAY(
+        SELECT c.id FROM fairq.channel c
+         WHERE c.id = ANY (v_channel_ids)
+           AND (c.max_concurrency IS NOT NULL OR (NOT c.has_policy AND c.due_at IS NULL))
+         ORDER BY c.id
+           FOR NO KEY UPDATE);
     IF EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL) THEN
         PERFORM 1 FROM fairq.channel_size s WHERE s.channel_id = ANY (v_channel_ids)
          ORDER BY s.channel_id FOR UPDATE;
@@ -1295,37 +1334,32 @@ BEGIN
        FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
       WHERE c.id = ANY (v_channel_ids) AND coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1');
 
-    -- Free the slots (the set-based form of fairq.channel_unlock). A freed slot wakes
-    -- workers only where the channel was full and has work waiting; only channels
-    -- left empty need a look by channel_collect.
-    FOR v_freed IN
-        WITH freed AS (
-            UPDATE fairq.channel c
-               SET in_flight = c.in_flight - g.n,
-                   turn_at = fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
-                                             c.in_flight - g.n, c.max_concurrency, v_now),
-                   turn_seq = CASE
-                       WHEN fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
-                                            c.in_flight - g.n, c.max_concurrency, v_now)
-                            IS NOT DISTINCT FROM c.turn_at THEN c.turn_seq
-                       ELSE nextval('fairq.turn_seq') END
-              FROM (SELECT d.channel_id, count(*)::integer AS n, max(d.id) AS last_id
-                      FROM unnest(v_done) AS d GROUP BY 1) g
-             WHERE c.id = ANY (v_channel_ids) AND c.id = g.channel_id
-            RETURNING c AS channel, g.last_id,
-                      c.max_concurrency IS NOT NULL AND c.in_flight + g.n >= c.max_concurrency
-                          AND c.turn_at IS NOT NULL AS woke
-        )
-        SELECT f.channel, f.last_id, f.woke FROM freed f
-         WHERE fairq.events_wanted(f.woke) OR (f.channel).due_at IS NULL
-    LOOP
-        IF fairq.events_wanted(v_freed.woke) THEN
-            PERFORM fairq.notify_event('completed', (v_freed.channel).name, v_freed.last_id, NULL);
-        END IF;
-        IF (v_freed.channel).due_at IS NULL THEN
-            PERFORM fairq.channel_collect(v_freed.channel);
-        END IF;
-    END LOOP;
+    -- Free the capped channels' slots (the set-based form of fairq.channel_unlock). A
+    -- freed slot wakes workers where the channel was full and has work waiting.
+    WITH freed AS (
+        UPDATE fairq.channel c
+           SET in_flight = c.in_flight - g.n,
+               turn_at = fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
+                                         c.in_flight - g.n, c.max_concurrency, v_now),
+               turn_seq = CASE
+                   WHEN fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
+                                        c.in_flight - g.n, c.max_concurrency, v_now)
+                        IS NOT DISTINCT FROM c.turn_at THEN c.turn_seq
+                   ELSE nextval('fairq.turn_seq') END
+          FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) g
+         WHERE c.id = ANY (v_locked) AND c.max_concurrency IS NOT NULL AND c.id = g.channel_id
+        RETURNING c.id, c.in_flight + g.n >= c.max_concurrency AND c.turn_at IS NOT NULL AS woke
+    )
+    SELECT coalesce(array_agg(f.id) FILTER (WHERE f.woke), '{}') INTO v_woken FROM freed f;
+    PERFORM fairq.notify_event('completed', c.name, max(d.id), NULL)
+       FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
+      WHERE c.id = ANY (v_channel_ids) AND fairq.events_wanted(c.id = ANY (v_woken))
+      GROUP BY c.name;
+    -- Channels left with nothing at all disappear (see fairq.channel_collect).
+    PERFORM fairq.channel_collect(c)
+       FROM fairq.channel c
+      WHERE c.id = ANY (v_locked) AND NOT c.has_policy AND c.due_at IS NULL
+      ORDER BY c.id;
 
     RETURN QUERY
         SELECT u.id,
@@ -1527,10 +1561,10 @@ SELECT c.name AS channel,
        c.release_interval_ms,
        c.max_size,
        c.max_attempts,
-       n.ready + n.scheduled + c.in_flight AS size,
+       n.ready + n.scheduled + n.in_flight AS size,
        n.ready,
        n.scheduled,
-       c.in_flight,
+       n.in_flight,
        c.turn_at AS next_dequeue_at
   FROM fairq.channel c
  -- A scalar subquery, evaluated once: joined as a table, the one-row clock_offset
@@ -1542,7 +1576,9 @@ SELECT c.name AS channel,
             + (SELECT count(*) FROM fairq.message m
                 WHERE m.channel_id = c.id AND m.status = 'scheduled' AND m.dequeue_at <= k.now) AS ready,
               (SELECT count(*) FROM fairq.message m
-                WHERE m.channel_id = c.id AND m.status = 'scheduled' AND m.dequeue_at > k.now) AS scheduled
+                WHERE m.channel_id = c.id AND m.status = 'scheduled' AND m.dequeue_at > k.now) AS scheduled,
+              (SELECT count(*)::integer FROM fairq.message m
+                WHERE m.channel_id = c.id AND m.status = 'locked') AS in_flight
        ) n;
 
 CREATE VIEW fairq.dead_letters AS
@@ -1581,8 +1617,9 @@ AS $$
     SELECT t.name, p.problem
       FROM truth t
      CROSS JOIN LATERAL (VALUES
-        (CASE WHEN t.in_flight <> t.locked
-              THEN format('in_flight is %s but %s messages are locked', t.in_flight, t.locked) END),
+        (CASE WHEN t.in_flight <> fairq.slots(t.max_concurrency, t.locked::integer)
+              THEN format('in_flight is %s but %s messages are locked (max_concurrency %s)',
+                          t.in_flight, t.locked, t.max_concurrency) END),
         (CASE WHEN t.due_at IS NULL AND t.earliest_due IS NOT NULL
               THEN 'pending messages but no due_at: they would never be delivered' END),
         (CASE WHEN t.due_at > GREATEST(t.earliest_due, t.now)

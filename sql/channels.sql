@@ -70,6 +70,12 @@ BEGIN
 END
 $$;
 
+-- How many concurrency slots p_count messages take: none on a channel without
+-- max_concurrency, which keeps in_flight at 0 (see tables.sql).
+CREATE FUNCTION fairq.slots(p_max_concurrency integer, p_count integer) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT CASE WHEN p_max_concurrency IS NULL THEN 0 ELSE p_count END $$;
+
 -- When a channel's earliest pending message becomes due, from the index heads. A
 -- one-row SQL table function, so that `CROSS JOIN LATERAL fairq.pending_due_at(id)`
 -- is inlined into the caller's plan (the dequeue updates many channels at once).
@@ -91,7 +97,10 @@ $$;
 -- The producer lock of a channel: advisory, transaction-level, keyed by the channel
 -- name in fairq's own key space (class 1717660018 = 'fair' in ASCII; two-key advisory
 -- locks never collide with one-key ones). Two names sharing a hash only cost an
--- extra wait or a skipped clean-up, never correctness.
+-- extra wait or a skipped clean-up, never correctness. The same key in class
+-- 1717660019 is the channel's policy lock: completions of uncapped channels hold it
+-- shared, channel_set and channel_clear exclusively, so a completion never sees
+-- max_concurrency change under it (and dequeues never mistake it for a producer).
 CREATE FUNCTION fairq.producer_lock_key(p_channel text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT hashtext(p_channel) $$;
@@ -130,12 +139,15 @@ END
 $$;
 
 -- Removes a channel that has no policy and no messages, unless a producer is
--- inserting into it. The caller holds the row and has checked due_at IS NULL.
+-- inserting into it. The caller holds the row and has checked due_at IS NULL. (A
+-- channel without policy counts no in_flight: its locked messages are looked up.)
 CREATE FUNCTION fairq.channel_collect(p_channel fairq.channel) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF NOT p_channel.has_policy AND p_channel.in_flight = 0 AND p_channel.due_at IS NULL
+    IF NOT p_channel.has_policy AND p_channel.due_at IS NULL
+       AND NOT EXISTS (SELECT 1 FROM fairq.message m
+                        WHERE m.channel_id = p_channel.id AND m.status = 'locked')
        AND fairq.channel_quiet(p_channel.name) THEN
         DELETE FROM fairq.channel WHERE id = p_channel.id;
     END IF;
@@ -191,15 +203,15 @@ END
 $$;
 
 -- p_count messages of the locked channel left the 'locked' status (settled,
--- deferred, recovered): free their concurrency slots. p_due_at is set when they are
--- pending again.
+-- deferred, recovered): free their concurrency slots (a capped channel's). p_due_at
+-- is set when they are pending again.
 CREATE FUNCTION fairq.channel_unlock(p_channel fairq.channel, p_count integer,
                                      p_due_at timestamptz, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    p_channel.in_flight := p_channel.in_flight - p_count;
+    p_channel.in_flight := p_channel.in_flight - fairq.slots(p_channel.max_concurrency, p_count);
     p_channel.due_at := LEAST(p_channel.due_at, p_due_at);
     p_channel := fairq.channel_store(p_channel, p_now, true);
     PERFORM fairq.channel_collect(p_channel);
@@ -255,13 +267,19 @@ BEGIN
     -- The producer lock, exclusively: waits out producers mid-insert, so that they
     -- and the size count below agree on max_size.
     PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
+    PERFORM pg_advisory_xact_lock(1717660019, fairq.producer_lock_key(p_channel));
     INSERT INTO fairq.channel (name) VALUES (p_channel) ON CONFLICT (name) DO NOTHING;
     SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel FOR NO KEY UPDATE;
 
+    -- Completions of an uncapped channel do not lock its row but hold its policy
+    -- lock (shared), so the count of locked messages below is exact.
     UPDATE fairq.channel
        SET has_policy = true, max_concurrency = p_max_concurrency,
            release_interval_ms = p_release_interval_ms, max_size = p_max_size,
-           max_attempts = p_max_attempts
+           max_attempts = p_max_attempts,
+           in_flight = CASE WHEN p_max_concurrency IS NULL THEN 0 ELSE
+                           (SELECT count(*) FROM fairq.message m
+                             WHERE m.channel_id = v_channel.id AND m.status = 'locked') END
      WHERE id = v_channel.id
     RETURNING * INTO v_channel;
 
@@ -288,6 +306,7 @@ DECLARE
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
+    PERFORM pg_advisory_xact_lock(1717660019, fairq.producer_lock_key(p_channel));
     SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel AND has_policy
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
@@ -296,7 +315,7 @@ BEGIN
     DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
     UPDATE fairq.channel
        SET has_policy = false, max_concurrency = NULL, release_interval_ms = 0,
-           max_size = NULL, max_attempts = NULL
+           max_size = NULL, max_attempts = NULL, in_flight = 0
      WHERE id = v_channel.id
     RETURNING * INTO v_channel;
     v_channel := fairq.channel_store(v_channel, v_now, false);

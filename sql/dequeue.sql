@@ -220,7 +220,7 @@ BEGIN
         -- Step 4, for the served channels at once.
         FOR v_drained IN
             UPDATE fairq.channel c
-               SET in_flight = c.in_flight + 1,
+               SET in_flight = c.in_flight + fairq.slots(c.max_concurrency, 1),
                    last_release_at = v_now,
                    due_at = n.due_at,
                    turn_at = fairq.next_turn(NULL, n.due_at, v_now, c.release_interval_ms,

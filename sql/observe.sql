@@ -12,10 +12,10 @@ SELECT c.name AS channel,
        c.release_interval_ms,
        c.max_size,
        c.max_attempts,
-       n.ready + n.scheduled + c.in_flight AS size,
+       n.ready + n.scheduled + n.in_flight AS size,
        n.ready,
        n.scheduled,
-       c.in_flight,
+       n.in_flight,
        c.turn_at AS next_dequeue_at
   FROM fairq.channel c
  -- A scalar subquery, evaluated once: joined as a table, the one-row clock_offset
@@ -27,7 +27,9 @@ SELECT c.name AS channel,
             + (SELECT count(*) FROM fairq.message m
                 WHERE m.channel_id = c.id AND m.status = 'scheduled' AND m.dequeue_at <= k.now) AS ready,
               (SELECT count(*) FROM fairq.message m
-                WHERE m.channel_id = c.id AND m.status = 'scheduled' AND m.dequeue_at > k.now) AS scheduled
+                WHERE m.channel_id = c.id AND m.status = 'scheduled' AND m.dequeue_at > k.now) AS scheduled,
+              (SELECT count(*)::integer FROM fairq.message m
+                WHERE m.channel_id = c.id AND m.status = 'locked') AS in_flight
        ) n;
 
 CREATE VIEW fairq.dead_letters AS
@@ -66,8 +68,9 @@ AS $$
     SELECT t.name, p.problem
       FROM truth t
      CROSS JOIN LATERAL (VALUES
-        (CASE WHEN t.in_flight <> t.locked
-              THEN format('in_flight is %s but %s messages are locked', t.in_flight, t.locked) END),
+        (CASE WHEN t.in_flight <> fairq.slots(t.max_concurrency, t.locked::integer)
+              THEN format('in_flight is %s but %s messages are locked (max_concurrency %s)',
+                          t.in_flight, t.locked, t.max_concurrency) END),
         (CASE WHEN t.due_at IS NULL AND t.earliest_due IS NOT NULL
               THEN 'pending messages but no due_at: they would never be delivered' END),
         (CASE WHEN t.due_at > GREATEST(t.earliest_due, t.now)

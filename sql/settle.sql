@@ -6,7 +6,9 @@
 --     (or 'not_found') and changes nothing;
 --   * a lock that has expired but was not yet recovered still belongs to its
 --     holder: nobody else has been handed the message;
---   * leaving 'locked' frees exactly one concurrency slot, under the channel lock;
+--   * leaving 'locked' frees exactly one concurrency slot of a capped channel, under
+--     the channel lock; completing an uncapped channel's message takes only its
+--     policy lock (shared), unless the channel may have become empty;
 --   * lock order: the message (the fenced UPDATE/DELETE), then its channel, then its
 --     channel_size row. Batches lock all their messages first, in id order.
 
@@ -52,7 +54,8 @@ DECLARE
     v_done fairq.message[];
     v_claimed bigint[];
     v_channel_ids bigint[];
-    v_freed record;
+    v_locked bigint[];
+    v_woken bigint[];
 BEGIN
     PERFORM fairq.require(p_ids, 'p_ids');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
@@ -84,7 +87,20 @@ BEGIN
     SELECT coalesce(array_agg(d ORDER BY d.id), '{}') INTO v_done FROM deleted d;
 
     v_channel_ids := ARRAY(SELECT DISTINCT d.channel_id FROM unnest(v_done) AS d ORDER BY 1);
-    PERFORM 1 FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) ORDER BY c.id FOR NO KEY UPDATE;
+    -- The channels' policy locks (shared), so that channel_set cannot change their
+    -- max_concurrency, and recount in_flight, before this commits.
+    PERFORM pg_advisory_xact_lock_shared(1717660019, fairq.producer_lock_key(c.name))
+       FROM (SELECT c.name FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) ORDER BY c.name) c;
+    -- Only two kinds of channel need their row: a capped one frees slots, and one
+    -- without policy and nothing pending may now be empty. Every other completion
+    -- leaves its channel's row alone, so workers completing one tenant's messages do
+    -- not queue behind each other or behind its dequeues.
+    v_locked := ARRAY(
+        SELECT c.id FROM fairq.channel c
+         WHERE c.id = ANY (v_channel_ids)
+           AND (c.max_concurrency IS NOT NULL OR (NOT c.has_policy AND c.due_at IS NULL))
+         ORDER BY c.id
+           FOR NO KEY UPDATE);
     IF EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL) THEN
         PERFORM 1 FROM fairq.channel_size s WHERE s.channel_id = ANY (v_channel_ids)
          ORDER BY s.channel_id FOR UPDATE;
@@ -96,37 +112,32 @@ BEGIN
        FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
       WHERE c.id = ANY (v_channel_ids) AND coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1');
 
-    -- Free the slots (the set-based form of fairq.channel_unlock). A freed slot wakes
-    -- workers only where the channel was full and has work waiting; only channels
-    -- left empty need a look by channel_collect.
-    FOR v_freed IN
-        WITH freed AS (
-            UPDATE fairq.channel c
-               SET in_flight = c.in_flight - g.n,
-                   turn_at = fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
-                                             c.in_flight - g.n, c.max_concurrency, v_now),
-                   turn_seq = CASE
-                       WHEN fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
-                                            c.in_flight - g.n, c.max_concurrency, v_now)
-                            IS NOT DISTINCT FROM c.turn_at THEN c.turn_seq
-                       ELSE nextval('fairq.turn_seq') END
-              FROM (SELECT d.channel_id, count(*)::integer AS n, max(d.id) AS last_id
-                      FROM unnest(v_done) AS d GROUP BY 1) g
-             WHERE c.id = ANY (v_channel_ids) AND c.id = g.channel_id
-            RETURNING c AS channel, g.last_id,
-                      c.max_concurrency IS NOT NULL AND c.in_flight + g.n >= c.max_concurrency
-                          AND c.turn_at IS NOT NULL AS woke
-        )
-        SELECT f.channel, f.last_id, f.woke FROM freed f
-         WHERE fairq.events_wanted(f.woke) OR (f.channel).due_at IS NULL
-    LOOP
-        IF fairq.events_wanted(v_freed.woke) THEN
-            PERFORM fairq.notify_event('completed', (v_freed.channel).name, v_freed.last_id, NULL);
-        END IF;
-        IF (v_freed.channel).due_at IS NULL THEN
-            PERFORM fairq.channel_collect(v_freed.channel);
-        END IF;
-    END LOOP;
+    -- Free the capped channels' slots (the set-based form of fairq.channel_unlock). A
+    -- freed slot wakes workers where the channel was full and has work waiting.
+    WITH freed AS (
+        UPDATE fairq.channel c
+           SET in_flight = c.in_flight - g.n,
+               turn_at = fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
+                                         c.in_flight - g.n, c.max_concurrency, v_now),
+               turn_seq = CASE
+                   WHEN fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
+                                        c.in_flight - g.n, c.max_concurrency, v_now)
+                        IS NOT DISTINCT FROM c.turn_at THEN c.turn_seq
+                   ELSE nextval('fairq.turn_seq') END
+          FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) g
+         WHERE c.id = ANY (v_locked) AND c.max_concurrency IS NOT NULL AND c.id = g.channel_id
+        RETURNING c.id, c.in_flight + g.n >= c.max_concurrency AND c.turn_at IS NOT NULL AS woke
+    )
+    SELECT coalesce(array_agg(f.id) FILTER (WHERE f.woke), '{}') INTO v_woken FROM freed f;
+    PERFORM fairq.notify_event('completed', c.name, max(d.id), NULL)
+       FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
+      WHERE c.id = ANY (v_channel_ids) AND fairq.events_wanted(c.id = ANY (v_woken))
+      GROUP BY c.name;
+    -- Channels left with nothing at all disappear (see fairq.channel_collect).
+    PERFORM fairq.channel_collect(c)
+       FROM fairq.channel c
+      WHERE c.id = ANY (v_locked) AND NOT c.has_policy AND c.due_at IS NULL
+      ORDER BY c.id;
 
     RETURN QUERY
         SELECT u.id,

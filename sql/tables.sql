@@ -3,7 +3,8 @@
 -- Invariants kept by every function in this schema:
 --   * one channel row per name (unique), created on first use, removed when it has
 --     no explicit policy and no messages;
---   * channel.in_flight = number of its messages with status 'locked';
+--   * channel.in_flight = number of its messages with status 'locked' when it has a
+--     max_concurrency, else 0: only a capped channel's settlements touch its row;
 --   * channel.due_at is NULL only when the channel has no pending ('ready' or
 --     'scheduled') message, and is never later than the earliest time one of its
 --     pending messages becomes due (it may be earlier: a dequeue then finds nothing
@@ -81,6 +82,9 @@ CREATE INDEX message_scheduled_ix ON fairq.message (channel_id, dequeue_at, id)
     WHERE status = 'scheduled';
 -- Locks that may have expired, oldest expiry first.
 CREATE INDEX message_locked_ix ON fairq.message (locked_until)
+    WHERE status = 'locked';
+-- A channel's locked messages: is an uncapped channel empty, how many are in flight.
+CREATE INDEX message_locked_channel_ix ON fairq.message (channel_id)
     WHERE status = 'locked';
 CREATE UNIQUE INDEX message_dedup_ix ON fairq.message (channel_id, dedup_key)
     WHERE dedup_key IS NOT NULL;

@@ -163,8 +163,16 @@ class Model:
             return min(sched, key=lambda m: (m.dequeue_at, m.id)).dequeue_at
         return None
 
+    def locked(self, ch: Channel) -> int:
+        return sum(1 for m in self.messages.values() if m.channel_id == ch.id and m.status == "locked")
+
+    @staticmethod
+    def slots(ch: Channel, count: int) -> int:
+        """Only a capped channel counts in_flight."""
+        return 0 if ch.max_concurrency is None else count
+
     def channel_collect(self, ch: Channel) -> None:
-        if not ch.has_policy and ch.in_flight == 0 and ch.due_at is None:
+        if not ch.has_policy and ch.due_at is None and self.locked(ch) == 0:
             assert not any(m.channel_id == ch.id for m in self.messages.values()), \
                 "model: collecting a channel that holds messages"
             del self.channels[ch.id]
@@ -183,7 +191,7 @@ class Model:
         self.channel_store(ch, now, True)
 
     def channel_unlock(self, ch: Channel, count: int, due_at: T | None, now: T) -> None:
-        ch.in_flight -= count
+        ch.in_flight -= self.slots(ch, count)
         ch.due_at = least(ch.due_at, due_at)
         self.channel_store(ch, now, True)
         self.channel_collect(ch)
@@ -205,6 +213,7 @@ class Model:
         ch.release_interval = release_interval
         ch.max_size = max_size
         ch.max_attempts = max_attempts
+        ch.in_flight = self.slots(ch, self.locked(ch))
         if max_size is None:
             self.sizes.pop(ch.id, None)
         elif ch.id not in self.sizes:
@@ -221,6 +230,7 @@ class Model:
         ch.release_interval = 0
         ch.max_size = None
         ch.max_attempts = None
+        ch.in_flight = 0
         self.channel_store(ch, now, False)
         self.channel_collect(ch)
         return True
@@ -329,7 +339,7 @@ class Model:
                 m.status = "locked"
                 m.locked_until = plus(now, lock)
                 m.num_attempts += 1
-                ch.in_flight += 1
+                ch.in_flight += self.slots(ch, 1)
                 ch.last_release_at = now
                 taken = m
                 break

@@ -9,7 +9,7 @@ messages, and runs fairq.check() now and then. At the end:
   the same transaction as message_complete, and only when it answered 'completed');
 * nothing was lost and the queue is empty;
 * no channel ever had more messages in flight than its max_concurrency (SPEC §2.2),
-  and in_flight always equalled the number of locked messages;
+  and a capped channel's in_flight always equalled its number of locked messages;
 * fairq.check() was empty throughout and is empty at the end.
 
 Also: a session holding a REPEATABLE READ snapshot open for the whole run does not
@@ -87,7 +87,8 @@ class Monitor:
                         self.max_seen[name] = max(self.max_seen.get(name, 0), locked)
                         if locked > cap or in_flight > cap:
                             self.cap_violations.append((name, cap, in_flight, locked))
-                    if in_flight != locked:
+                    # Only a capped channel counts its messages in flight.
+                    if in_flight != (locked if cap is not None else 0):
                         self.counter_drift.append((name, in_flight, locked))
                 if time.monotonic() - last_check > 0.5:
                     last_check = time.monotonic()

@@ -68,12 +68,22 @@ def test_upgraded_install_equals_fresh_install(server: Server, old: str) -> None
             conn.execute("DROP EXTENSION fairq")
             conn.execute("DROP SCHEMA fairq")
             conn.execute(f"CREATE EXTENSION fairq VERSION '{old}'")
-            conn.execute("SELECT * FROM fairq.message_create('kept', 'across the upgrade')")
+            conn.execute("SELECT fairq.channel_set('capped', 1)")
+            for channel in ("held", "capped", "kept"):
+                conn.execute("SELECT * FROM fairq.message_create(%s, 'across the upgrade')",
+                             (channel,))
+            held = conn.execute("SELECT id, num_attempts FROM fairq.message_dequeue(60000, 2)"
+                                ).fetchall()
             conn.execute("ALTER EXTENSION fairq UPDATE")
             assert conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'fairq'"
                                 ).fetchone() == (current_version(),)
-            got = conn.execute("SELECT content FROM fairq.message_dequeue(1000)").fetchall()
-            assert got == [(b"across the upgrade",)]
+            assert conn.execute("SELECT * FROM fairq.check()").fetchall() == []
+            got = conn.execute("SELECT channel, content FROM fairq.message_dequeue(1000)").fetchall()
+            assert got == [("kept", b"across the upgrade")]
+            for message_id, attempts in held:  # messages handed out before the upgrade
+                assert conn.execute("SELECT fairq.message_complete(%s, %s)",
+                                    (message_id, attempts)).fetchone() == ("completed",)
+            assert conn.execute("SELECT * FROM fairq.check()").fetchall() == []
         assert schema_dump(server, upgraded) == schema_dump(server, fresh)
     finally:
         server.drop_database(fresh)
