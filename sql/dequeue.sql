@@ -195,27 +195,32 @@ BEGIN
                                     AND s.dequeue_at <= v_now
                                     FOR UPDATE SKIP LOCKED));  -- a message being cancelled stays put
         PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
-        v_ids := ARRAY(
-            SELECT h.id
-              FROM unnest(v_picked) WITH ORDINALITY AS p(channel_id, pos)
-             CROSS JOIN LATERAL (
-                   SELECT m.id FROM fairq.message m
-                    WHERE m.channel_id = p.channel_id AND m.status = 'ready'
-                    ORDER BY m.priority DESC, m.dequeue_at, m.id
-                    LIMIT 1
-                      FOR UPDATE SKIP LOCKED) h
-             ORDER BY p.pos);
-        WITH locked AS (
-            UPDATE fairq.message m
-               SET status = 'locked', locked_until = v_now + v_lock,
-                   num_attempts = m.num_attempts + 1,
-                   first_dequeued_at = coalesce(m.first_dequeued_at, v_now)
-             WHERE m.id = ANY (v_ids)
-            RETURNING m.id, m.channel_id
-        )
-        SELECT coalesce(array_agg(l.channel_id ORDER BY array_position(v_ids, l.id)), '{}')
-          INTO v_served
-          FROM locked l;
+        SELECT coalesce(array_agg(h.id ORDER BY p.pos), '{}'),
+               coalesce(array_agg(p.channel_id ORDER BY p.pos), '{}')
+          INTO v_ids, v_served
+          FROM unnest(v_picked) WITH ORDINALITY AS p(channel_id, pos)
+         CROSS JOIN LATERAL (
+               SELECT m.id FROM fairq.message m
+                WHERE m.channel_id = p.channel_id AND m.status = 'ready'
+                ORDER BY m.priority DESC, m.dequeue_at, m.id
+                LIMIT 1
+                  FOR UPDATE SKIP LOCKED) h;
+        -- The heads are locked: they are handed out, in pick order.
+        RETURN QUERY
+            WITH locked AS (
+                UPDATE fairq.message m
+                   SET status = 'locked', locked_until = v_now + v_lock,
+                       num_attempts = m.num_attempts + 1,
+                       first_dequeued_at = coalesce(m.first_dequeued_at, v_now)
+                 WHERE m.id = ANY (v_ids)
+                RETURNING m.*
+            )
+            SELECT l.id, c.name, l.content, l.state, l.num_attempts, l.priority, l.dequeue_at,
+                   l.recovered
+              FROM locked l
+              JOIN fairq.channel c ON c.id = l.channel_id
+             WHERE c.id = ANY (v_served)
+             ORDER BY array_position(v_ids, l.id);
 
         -- Step 4, for the served channels at once.
         FOR v_drained IN
@@ -245,15 +250,6 @@ BEGIN
             PERFORM fairq.channel_retire(v_picked[v_pos], v_now, v_turn_seqs[v_pos]);
             v_visited := v_visited || v_picked[v_pos];
         END LOOP;
-
-        RETURN QUERY
-            SELECT m.id, c.name, m.content, m.state, m.num_attempts, m.priority, m.dequeue_at,
-                   m.recovered
-              FROM unnest(v_ids) WITH ORDINALITY AS u(id, pos)
-              JOIN fairq.message m ON m.id = u.id
-              JOIN fairq.channel c ON c.id = m.channel_id
-             WHERE m.id = ANY (v_ids) AND c.id = ANY (v_served)
-             ORDER BY u.pos;
         v_count := v_count + cardinality(v_ids);
     END LOOP;
 END
