@@ -51,6 +51,11 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT CASE WHEN p_max_concurrency IS NULL THEN 0 ELSE p_count END $$;
 REVOKE ALL ON FUNCTION fairq.slots(integer, integer) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION fairq.policy_lock_key(p_channel_id bigint) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT hashint8(p_channel_id) $$;
+REVOKE ALL ON FUNCTION fairq.policy_lock_key(bigint) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION fairq.channel_collect(p_channel fairq.channel) RETURNS void
 LANGUAGE plpgsql
 AS $$
@@ -118,9 +123,11 @@ BEGIN
     -- The producer lock, exclusively: waits out producers mid-insert, so that they
     -- and the size count below agree on max_size.
     PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
-    PERFORM pg_advisory_xact_lock(1717660019, fairq.producer_lock_key(p_channel));
     INSERT INTO fairq.channel (name) VALUES (p_channel) ON CONFLICT (name) DO NOTHING;
-    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel FOR NO KEY UPDATE;
+    -- (The row stays: collecting it would need the producer lock held here.)
+    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel;
+    PERFORM pg_advisory_xact_lock(1717660019, fairq.policy_lock_key(v_channel.id));
+    v_channel := fairq.channel_lock(v_channel.id);
 
     -- Completions of an uncapped channel do not lock its row but hold its policy
     -- lock (shared), so the count of locked messages below is exact.
@@ -157,12 +164,12 @@ DECLARE
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
-    PERFORM pg_advisory_xact_lock(1717660019, fairq.producer_lock_key(p_channel));
-    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel AND has_policy
-       FOR NO KEY UPDATE;
+    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel AND has_policy;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    PERFORM pg_advisory_xact_lock(1717660019, fairq.policy_lock_key(v_channel.id));
+    v_channel := fairq.channel_lock(v_channel.id);
     DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
     UPDATE fairq.channel
        SET has_policy = false, max_concurrency = NULL, release_interval_ms = 0,
@@ -572,8 +579,8 @@ BEGIN
     v_channel_ids := ARRAY(SELECT DISTINCT d.channel_id FROM unnest(v_done) AS d ORDER BY 1);
     -- The channels' policy locks (shared), so that channel_set cannot change their
     -- max_concurrency, and recount in_flight, before this commits.
-    PERFORM pg_advisory_xact_lock_shared(1717660019, fairq.producer_lock_key(c.name))
-       FROM (SELECT c.name FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) ORDER BY c.name) c;
+    PERFORM pg_advisory_xact_lock_shared(1717660019, fairq.policy_lock_key(u.id))
+       FROM unnest(v_channel_ids) AS u(id);
     -- Only two kinds of channel need their row: a capped one frees slots, and one
     -- without policy and nothing pending may now be empty. Every other completion
     -- leaves its channel's row alone, so workers completing one tenant's messages do
@@ -637,10 +644,33 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_message fairq.message;
+    v_channel fairq.channel;
+    v_woke boolean := false;
 BEGIN
     PERFORM fairq.require(p_id, 'p_id');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
-    RETURN (SELECT b.status FROM fairq.message_complete_batch(ARRAY[p_id], ARRAY[p_num_attempts]) AS b);
+    v_message := fairq.held_message(p_id, p_num_attempts);
+    IF v_message.id IS NULL THEN
+        RETURN fairq.miss(p_id, 'stale');
+    END IF;
+    DELETE FROM fairq.message WHERE id = p_id;
+    PERFORM pg_advisory_xact_lock_shared(1717660019, fairq.policy_lock_key(v_message.channel_id));
+    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
+    IF v_channel.max_concurrency IS NOT NULL OR (NOT v_channel.has_policy AND v_channel.due_at IS NULL) THEN
+        v_channel := fairq.channel_lock(v_channel.id);
+        -- Its freed slot makes a full channel with work waiting eligible again.
+        v_woke := v_channel.in_flight = v_channel.max_concurrency AND v_channel.due_at IS NOT NULL;
+        PERFORM fairq.channel_unlock(v_channel, 1, NULL, v_now);
+    END IF;
+    PERFORM fairq.channel_resize(v_channel, -1, false);
+    PERFORM fairq.record_history(v_message, v_channel.name, 'completed', v_now);
+    IF fairq.events_wanted(coalesce(v_woke, false)) THEN
+        PERFORM fairq.notify_event('completed', v_channel.name, p_id, NULL);
+    END IF;
+    RETURN 'completed';
 END
 $$;
 

@@ -97,13 +97,18 @@ $$;
 -- The producer lock of a channel: advisory, transaction-level, keyed by the channel
 -- name in fairq's own key space (class 1717660018 = 'fair' in ASCII; two-key advisory
 -- locks never collide with one-key ones). Two names sharing a hash only cost an
--- extra wait or a skipped clean-up, never correctness. The same key in class
--- 1717660019 is the channel's policy lock: completions of uncapped channels hold it
--- shared, channel_set and channel_clear exclusively, so a completion never sees
--- max_concurrency change under it (and dequeues never mistake it for a producer).
+-- extra wait or a skipped clean-up, never correctness.
 CREATE FUNCTION fairq.producer_lock_key(p_channel text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT hashtext(p_channel) $$;
+
+-- The policy lock of a channel: advisory, transaction-level, class 1717660019, keyed
+-- by the channel id. Completions hold it shared, channel_set and channel_clear
+-- exclusively (before they lock the row), so a completion never sees max_concurrency
+-- change under it, and a dequeue never mistakes a completion for a producer.
+CREATE FUNCTION fairq.policy_lock_key(p_channel_id bigint) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT hashint8(p_channel_id) $$;
 
 -- True when no producer is inserting into the channel right now. On true, holds the
 -- producer lock exclusively until commit, so producers that arrive later wait for
@@ -267,9 +272,11 @@ BEGIN
     -- The producer lock, exclusively: waits out producers mid-insert, so that they
     -- and the size count below agree on max_size.
     PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
-    PERFORM pg_advisory_xact_lock(1717660019, fairq.producer_lock_key(p_channel));
     INSERT INTO fairq.channel (name) VALUES (p_channel) ON CONFLICT (name) DO NOTHING;
-    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel FOR NO KEY UPDATE;
+    -- (The row stays: collecting it would need the producer lock held here.)
+    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel;
+    PERFORM pg_advisory_xact_lock(1717660019, fairq.policy_lock_key(v_channel.id));
+    v_channel := fairq.channel_lock(v_channel.id);
 
     -- Completions of an uncapped channel do not lock its row but hold its policy
     -- lock (shared), so the count of locked messages below is exact.
@@ -306,12 +313,12 @@ DECLARE
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
-    PERFORM pg_advisory_xact_lock(1717660019, fairq.producer_lock_key(p_channel));
-    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel AND has_policy
-       FOR NO KEY UPDATE;
+    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel AND has_policy;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    PERFORM pg_advisory_xact_lock(1717660019, fairq.policy_lock_key(v_channel.id));
+    v_channel := fairq.channel_lock(v_channel.id);
     DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
     UPDATE fairq.channel
        SET has_policy = false, max_concurrency = NULL, release_interval_ms = 0,
