@@ -925,7 +925,7 @@ def machine(dsn: str, pgbench_binary: str, sizes: Sizes, cluster: str) -> dict[s
         "platform": platform.platform(), "python": platform.python_version(),
         "postgresql": settings.pop("server_version"), "settings": settings,
         "fairq_version": fairq_version, "fairq_script_sha256": digest,
-        "fairq_events": events or "on (default)",
+        "fairq_events": events or "wake (default)",
         "cluster": cluster, "pgbench": pgbench_version,
         "load_average_start": list(os.getloadavg()), "sizes": asdict(sizes),
         "clients": (f"throughput: pgbench -M prepared, {sizes.producers} producer +"
