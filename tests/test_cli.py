@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 
-from test_install import plain_dsn, upgrade_dir  # noqa: F401  (plain_dsn: fixture)
+from test_install import CURRENT, later, plain_dsn, upgrade_dir  # noqa: F401  (plain_dsn: fixture)
 
 FAIRQ = Path(sys.executable).parent / "fairq"
 
@@ -97,10 +97,11 @@ def test_install_and_upgrade(plain_dsn: str, dsn: str, tmp_path: Path) -> None: 
     assert twice.returncode == 1 and "already installed" in twice.stderr
     upgraded = fairq("upgrade", dsn=plain_dsn)
     assert upgraded.returncode == 0 and "already up to date" in upgraded.stdout
-    scripts = upgrade_dir(tmp_path, ["0.1.1"])
+    (next_version,) = later(1)
+    scripts = upgrade_dir(tmp_path, [next_version])
     upgraded = fairq("upgrade", "--scripts", str(scripts.directory), dsn=plain_dsn)
     assert upgraded.returncode == 0, upgraded.stderr
-    assert upgraded.stdout.split() == ["applied", "fairq--0.1.0--0.1.1.sql"]
+    assert upgraded.stdout.split() == ["applied", f"fairq--{CURRENT}--{next_version}.sql"]
 
     refused = fairq("install", dsn=dsn)
     assert refused.returncode == 1 and "extension" in refused.stderr

@@ -20,9 +20,18 @@ import pytest
 from conftest import Server
 from fairq import CreateStatus, NewMessage, Queue, RetryStatus, SettleStatus
 from fairq.install import InstallError, Scripts, install, installed_version, upgrade
+from test_upgrade import released_versions, schema_dump
 
 LOCK = timedelta(seconds=30)
 CURRENT = Scripts.bundled().default_version
+
+
+def later(count: int) -> list[str]:
+    """The next ``count`` patch versions after the current one (fake future releases)."""
+    major, minor, patch = (int(part) for part in CURRENT.split("."))
+    return [f"{major}.{minor}.{patch + i}" for i in range(1, count + 1)]
+
+
 _names = itertools.count()
 
 
@@ -155,14 +164,15 @@ def test_install_refuses_to_run_twice(plain_dsn: str) -> None:
 
 def test_upgrade_applies_scripts_in_order(plain_dsn: str, tmp_path: Path) -> None:
     _installed(plain_dsn)
-    scripts = upgrade_dir(tmp_path, ["0.1.1", "0.2.0"])
+    first, second = later(2)
+    scripts = upgrade_dir(tmp_path, [first, second])
     with psycopg.connect(plain_dsn) as conn:
         applied = upgrade(conn, scripts)
-        assert [p.name for p in applied] == [f"fairq--{CURRENT}--0.1.1.sql",
-                                             "fairq--0.1.1--0.2.0.sql"]
-        assert installed_version(conn) == "0.2.0"
-        assert conn.execute("SELECT fairq.v0_1_1(), fairq.v0_2_0()").fetchone() == (
-            "0.1.1", "0.2.0")
+        assert [p.name for p in applied] == [f"fairq--{CURRENT}--{first}.sql",
+                                             f"fairq--{first}--{second}.sql"]
+        assert installed_version(conn) == second
+        functions = [f"fairq.v{v.replace('.', '_')}()" for v in (first, second)]
+        assert conn.execute(f"SELECT {', '.join(functions)}").fetchone() == (first, second)
         assert upgrade(conn, scripts) == []  # already there
 
 
@@ -175,3 +185,35 @@ def test_upgrade_without_a_path_or_an_install_changes_nothing(plain_dsn: str,
         with pytest.raises(InstallError, match="no upgrade path"):
             upgrade(conn, Scripts.bundled(), target="9.9.9")
         assert installed_version(conn) == CURRENT
+
+
+@pytest.mark.parametrize("old", [v for v in released_versions() if v != CURRENT])
+def test_a_plain_install_upgraded_from_a_release_equals_a_fresh_one(
+        server: Server, tmp_path: Path, old: str) -> None:
+    """`fairq upgrade` runs the extension's own upgrade scripts on a plain schema: the
+    result dumps like a fresh `fairq install`, and messages in flight survive it."""
+    released = tmp_path / "extension"
+    shutil.copytree(Scripts.bundled().directory, released)
+    control = released / "fairq.control"
+    control.write_text(control.read_text().replace(f"'{CURRENT}'", f"'{old}'"))
+    # template0 has no fairq: plain databases.
+    upgraded, fresh = server.create_database("template0"), server.create_database("template0")
+    try:
+        with psycopg.connect(server.dsn(upgraded), autocommit=True) as conn:
+            assert install(conn, Scripts(released)) == old
+            for channel in ("held", "kept"):
+                conn.execute("SELECT * FROM fairq.message_create(%s, 'x')", (channel,))
+            held = conn.execute("SELECT id, num_attempts FROM fairq.message_dequeue(60000)"
+                                ).fetchone()
+            assert [p.name for p in upgrade(conn)] == [f"fairq--{old}--{CURRENT}.sql"]
+            assert conn.execute("SELECT fairq.message_complete(%s, %s)", held
+                                ).fetchone() == ("completed",)
+            assert conn.execute("SELECT channel FROM fairq.message_dequeue(60000)"
+                                ).fetchall() == [("kept",)]
+            assert conn.execute("SELECT * FROM fairq.check()").fetchall() == []
+        with psycopg.connect(server.dsn(fresh), autocommit=True) as conn:
+            install(conn)
+        assert schema_dump(server, upgraded) == schema_dump(server, fresh)
+    finally:
+        server.drop_database(upgraded)
+        server.drop_database(fresh)
