@@ -1,11 +1,13 @@
 -- channels.sql — channel policy, turns and lifecycle.
 --
 -- Invariants:
---   * lock order, everywhere: a message row, then its channel row, then its
+--   * lock order, everywhere: a message row, then the channel's advisory locks
+--     (producer lock, then policy lock), then its channel row, then its
 --     channel_size row; several channels by channel id. The dequeue takes channel
---     rows only with SKIP LOCKED, or by waiting while it holds no other lock, so
---     fairq calls do not wait for one another in a cycle (a dequeue that buries a
---     message may still wait for a bounded channel's size row);
+--     rows only with SKIP LOCKED, or by waiting while it holds no other lock, and
+--     advisory locks only by trying, so fairq calls do not wait for one another in a
+--     cycle (a dequeue that buries a message may still wait for a bounded channel's
+--     size row);
 --   * producers take no lock on their channel row: they hold the channel's producer
 --     lock (a transaction-level advisory lock on the channel name, shared among
 --     producers), which dequeues and settlements never wait for, so an open producer
