@@ -70,13 +70,8 @@ def test_python_reference_mentions_every_exported_name() -> None:
     assert not missing, f"docs/python.md does not mention: {missing}"
 
 
-# Pages other people are writing; links to them may precede them. Remove a name once
-# its page is committed.
-IN_PROGRESS = {"bench.md", "spark.md"}
-
-
 def test_docs_link_to_files_that_exist() -> None:
     for page in [ROOT / "README.md", *DOCS.glob("*.md")]:
         for target in re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", page.read_text()):
             path = page.parent / target
-            assert path.exists() or path.name in IN_PROGRESS, f"{page.name} links to missing {target}"
+            assert path.exists(), f"{page.name} links to missing {target}"
