@@ -10,8 +10,11 @@
 --   * a bounded channel admits a message only while its count is below max_size;
 --   * at most one message per (channel, dedup_key) exists at a time;
 --   * channel rows are locked in id order, like every call that locks several.
--- message_create is message_create_batch of one element: one code path. In both, a
--- NULL dequeue_at means now and a NULL priority means 0.
+-- message_create_batch is the one complete code path. message_create takes a short
+-- path for the common case (a channel that exists, has no max_size, and a message
+-- without dedup key) and is message_create_batch of one element otherwise; the
+-- model test holds both to the same answers. In both, a NULL dequeue_at means now
+-- and a NULL priority means 0.
 --
 -- Every queue call (message_*, dead_letter_retry) runs with, besides its pinned
 -- search_path:
@@ -234,14 +237,45 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_due_at timestamptz := coalesce(p_dequeue_at, v_now);
+    v_channel fairq.channel;
+    v_woken boolean := false;
+    v_id bigint;
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM fairq.require(p_content, 'p_content');
     PERFORM fairq.require_dedup_key(p_dedup_key, 'p_dedup_key');
-    RETURN QUERY
-        SELECT b.id, b.status
-          FROM fairq.message_create_batch(ARRAY[p_channel], ARRAY[p_content], ARRAY[p_dequeue_at],
-                                          ARRAY[p_priority], ARRAY[p_dedup_key]) AS b;
+    -- The producer lock first, as in the batch path: under it the row read next
+    -- cannot be collected, and its max_size cannot change (channel_set takes the
+    -- lock exclusively).
+    PERFORM pg_advisory_xact_lock_shared(1717660018, fairq.producer_lock_key(p_channel));
+    SELECT * INTO v_channel FROM fairq.channel c WHERE c.name = p_channel;
+    IF v_channel.id IS NULL OR v_channel.max_size IS NOT NULL OR p_dedup_key IS NOT NULL THEN
+        -- A new channel, a bounded one or a dedup key: the batch path's admission.
+        RETURN QUERY
+            SELECT b.id, b.status
+              FROM fairq.message_create_batch(ARRAY[p_channel], ARRAY[p_content],
+                                              ARRAY[p_dequeue_at], ARRAY[p_priority],
+                                              ARRAY[p_dedup_key]) AS b;
+        RETURN;
+    END IF;
+    -- Nothing can stop this message from being created, so the channel's turn may
+    -- move forward before the insert (the batch path's rule, for one message).
+    IF v_channel.due_at IS NULL OR (v_due_at < v_channel.due_at AND v_channel.due_at > v_now) THEN
+        PERFORM fairq.channel_wake(v_channel.id, v_due_at, v_now);
+        v_woken := true;
+    END IF;
+    INSERT INTO fairq.message (channel_id, status, priority, dequeue_at, created_at, content)
+    VALUES (v_channel.id,
+            CASE WHEN v_due_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status,
+            coalesce(p_priority, 0), v_due_at, v_now, p_content)
+    RETURNING fairq.message.id INTO v_id;
+    IF fairq.events_wanted(v_woken) THEN
+        PERFORM fairq.notify_event('created', p_channel, v_id, v_due_at);
+    END IF;
+    RETURN QUERY SELECT v_id, 'created'::text;
 END
 $$;
 

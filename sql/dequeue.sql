@@ -163,25 +163,33 @@ DECLARE
     v_drained fairq.channel;
     v_pos integer;
     v_count integer := 0;
-    v_holds_locks boolean;
+    v_holds_locks boolean := false;
+    v_attempts_capped boolean;
 BEGIN
     PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
-    -- Step 1.
-    v_holds_locks := fairq.recover_expired(v_now, p_max_messages) > 0;
+    -- Step 1, when the earliest lock has expired (one probe of message_locked_ix).
+    IF (SELECT m.id FROM fairq.message m
+         WHERE m.status = 'locked' AND m.locked_until <= v_now
+         ORDER BY m.locked_until LIMIT 1) IS NOT NULL THEN
+        v_holds_locks := fairq.recover_expired(v_now, p_max_messages) > 0;
+    END IF;
 
     WHILE v_count < p_max_messages LOOP
         -- Step 2.
-        v_picked := ARRAY(
-            SELECT c.id FROM fairq.channel c
-             WHERE c.turn_at <= v_now AND c.id <> ALL (v_visited)
-             ORDER BY c.turn_at, c.turn_seq
-             LIMIT p_max_messages - v_count
-               FOR NO KEY UPDATE SKIP LOCKED);
+        SELECT coalesce(array_agg(p.id ORDER BY p.turn_at, p.turn_seq), '{}'),
+               coalesce(bool_or(p.max_attempts IS NOT NULL), false)
+          INTO v_picked, v_attempts_capped
+          FROM (SELECT c.id, c.turn_at, c.turn_seq, c.max_attempts FROM fairq.channel c
+                 WHERE c.turn_at <= v_now AND c.id <> ALL (v_visited)
+                 ORDER BY c.turn_at, c.turn_seq
+                 LIMIT p_max_messages - v_count
+                   FOR NO KEY UPDATE SKIP LOCKED) p;
         IF cardinality(v_picked) = 0 THEN
             EXIT WHEN v_holds_locks;
             v_channel := fairq.channel_wait(v_now);
             EXIT WHEN v_channel.id IS NULL;
             v_picked := ARRAY[v_channel.id];
+            v_attempts_capped := v_channel.max_attempts IS NOT NULL;
         END IF;
         v_holds_locks := true;
         -- The turn_seq of each picked channel, in pick order: served or not, each
@@ -194,7 +202,9 @@ BEGIN
                                   WHERE s.channel_id = ANY (v_picked) AND s.status = 'scheduled'
                                     AND s.dequeue_at <= v_now
                                     FOR UPDATE SKIP LOCKED));  -- a message being cancelled stays put
-        PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
+        IF v_attempts_capped THEN
+            PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
+        END IF;
         SELECT coalesce(array_agg(h.id ORDER BY p.pos), '{}'),
                coalesce(array_agg(p.channel_id ORDER BY p.pos), '{}')
           INTO v_ids, v_served

@@ -69,6 +69,7 @@ class Sizes:
     consumers: int = 8
     channels: int = 100
     prefill: int = 4_000            # backlog before a throughput run, so consumers start busy
+    throughput_backlog: int = 8_000  # producers of a throughput run pause above this backlog
     batch: int = 100
     depth_levels: tuple[int, ...] = (1_000, 10_000, 100_000, 1_000_000)
     depth_channels: int = 100
@@ -92,12 +93,14 @@ class Sizes:
 
 FULL = Sizes("full")
 QUICK = Sizes(
-    "quick", throughput_s=6, prefill=2_000, depth_levels=(1_000, 10_000, 100_000),
+    "quick", throughput_s=6, prefill=2_000, throughput_backlog=4_000,
+    depth_levels=(1_000, 10_000, 100_000),
     latency_samples=300, channel_levels=(10, 1_000, 10_000), fair_heavy=10_000,
     fair_phase_s=6.0, jain_window_s=4.0, soak_messages=100_000, soak_backlog=10_000,
     soak_max_s=40.0)
 TINY = Sizes(
     "tiny", throughput_s=1, producers=2, consumers=2, channels=10, prefill=200, batch=20,
+    throughput_backlog=400,
     depth_levels=(100, 1_000), depth_channels=10, latency_samples=30,
     channel_levels=(10, 200), fair_heavy=300, fair_light_tenants=4, fair_light_rate=50.0,
     fair_consumers=2, fair_phase_s=1.0, jain_tenants=4, jain_window_s=0.5,
@@ -233,6 +236,12 @@ CREATE TABLE {SCHEMA}.floor (
 CREATE INDEX floor_ready_ix ON {SCHEMA}.floor (id) WHERE status = 0;
 """
 
+# One row the producers of a throughput run read before each call: the backlog gate.
+GATE_DDL = f"""
+CREATE TABLE {SCHEMA}.gate (open boolean NOT NULL);
+INSERT INTO {SCHEMA}.gate VALUES (true);
+"""
+
 # The seed article's simple FIFO queue (seeds/000: "A simple FIFO queue").
 FIFO_DDL = f"""
 CREATE TABLE {SCHEMA}.message (
@@ -286,6 +295,7 @@ def reset(dsn: str) -> None:
         conn.execute(f"CREATE SCHEMA {SCHEMA}")
         conn.execute(FLOOR_DDL)
         conn.execute(FIFO_DDL)
+        conn.execute(GATE_DDL)
         problems = conn.execute("SELECT * FROM fairq.check()").fetchall()
         if problems:
             raise RuntimeError(f"fairq.check() after reset: {problems}")
@@ -373,6 +383,12 @@ def table_stats(conn: Conn) -> dict[str, dict[str, Any]]:
 # --------------------------------------------------------------------------- pgbench throughput
 
 def _producer_script(kind: str, sizes: Sizes, batched: bool) -> str:
+    """One producer call, made only while the backlog gate is open (see ``_gatekeeper``)."""
+    return (f"SELECT open::int AS open FROM {SCHEMA}.gate \\gset\n"
+            "\\if :open\n" + _produce(kind, sizes, batched) + IDLE)
+
+
+def _produce(kind: str, sizes: Sizes, batched: bool) -> str:
     n, c = sizes.batch, sizes.channels
     if kind == "floor":
         if batched:
@@ -493,6 +509,39 @@ class Pgbench:
         return out
 
 
+@contextlib.contextmanager
+def _gatekeeper(dsn: str, kind: str, limit: int) -> Iterator[None]:
+    """Closes the producers' gate while the backlog is at ``limit`` or above.
+
+    A queue's throughput is the rate it sustains, so a run measures producers and
+    consumers in a steady state. Unthrottled producers (a batched producer is 20 times
+    faster than a consumer) would fill the table without bound and take the CPU from
+    the consumers, and the result would say more about how the scheduler splits two
+    cores than about the queue. The backlog is counted every 50 ms (up to ``limit``
+    rows), the same way for floor, FIFO and fairq."""
+    table = _COUNTERS[kind][1]
+    stop = threading.Event()
+    threads = Threads()
+
+    def keep() -> None:
+        with connect(dsn) as conn:
+            is_open = True
+            while not stop.wait(0.05):
+                backlog = scalar(conn, f"SELECT count(*) FROM (SELECT FROM {table}"
+                                       " LIMIT %s) b", (limit,))
+                if (backlog < limit) != is_open:
+                    is_open = not is_open
+                    conn.execute(f"UPDATE {SCHEMA}.gate SET open = %s", (is_open,))
+            conn.execute(f"UPDATE {SCHEMA}.gate SET open = true")
+
+    threads.start(keep)
+    try:
+        yield
+    finally:
+        stop.set()
+        threads.join(30)
+
+
 def throughput(bench: Pgbench, kind: str, sizes: Sizes, batched: bool,
                during: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
                options: str = "", profile: bool = False) -> dict[str, Any]:
@@ -507,7 +556,7 @@ def throughput(bench: Pgbench, kind: str, sizes: Sizes, batched: bool,
         if profile:
             conn.execute("SELECT pg_stat_statements_reset()")
         ctx = during() if during is not None else contextlib.nullcontext()
-        with ctx:
+        with ctx, _gatekeeper(bench.dsn, kind, sizes.throughput_backlog):
             began = time.monotonic()
             procs = [bench.start(f"{kind}-producer", producer, sizes.producers, seconds,
                                  options),
