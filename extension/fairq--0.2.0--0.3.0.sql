@@ -55,6 +55,32 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION fairq.wait_for_release(p_now timestamptz, p_until timestamptz) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_wait_ms bigint := ceil(extract(epoch FROM p_until - clock_timestamp()) * 1000);
+    v_first bigint := (SELECT c.id FROM fairq.channel c WHERE c.turn_at <= p_now
+                        ORDER BY c.turn_at, c.turn_seq LIMIT 1);
+BEGIN
+    IF v_first IS NULL OR v_wait_ms <= 0 THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        -- Local to the subtransaction: its rollback restores the caller's setting.
+        PERFORM set_config('lock_timeout', v_wait_ms || 'ms', true);
+        PERFORM FROM fairq.channel c WHERE c.id = v_first FOR NO KEY UPDATE;
+        RAISE EXCEPTION USING ERRCODE = 'FQ001';  -- rolls back the lock just taken
+    EXCEPTION
+        WHEN SQLSTATE 'FQ001' THEN
+            RETURN true;
+        WHEN lock_not_available THEN
+            RETURN false;
+    END;
+END
+$$;
+REVOKE ALL ON FUNCTION fairq.wait_for_release(timestamptz, timestamptz) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION fairq.message_dequeue(p_lock_ms bigint, p_max_messages integer DEFAULT 1)
 RETURNS TABLE(id bigint, channel text, content bytea, state bytea, num_attempts bigint,
               priority integer, dequeue_at timestamptz, recovered boolean)
@@ -66,7 +92,7 @@ AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
     v_lock interval := fairq.ms(fairq.require_duration(p_lock_ms, 1, 'p_lock_ms'));
-    v_channel fairq.channel;
+    v_wait_until timestamptz;
     v_picked bigint[];
     v_ids bigint[];
     v_served bigint[];
@@ -98,10 +124,9 @@ BEGIN
                    FOR NO KEY UPDATE SKIP LOCKED) p;
         IF cardinality(v_picked) = 0 THEN
             EXIT WHEN v_holds_locks;
-            v_channel := fairq.channel_wait(v_now);
-            EXIT WHEN v_channel.id IS NULL;
-            v_picked := ARRAY[v_channel.id];
-            v_attempts_capped := v_channel.max_attempts IS NOT NULL;
+            v_wait_until := coalesce(v_wait_until, clock_timestamp() + interval '200 ms');
+            EXIT WHEN NOT fairq.wait_for_release(v_now, v_wait_until);
+            CONTINUE;
         END IF;
         v_holds_locks := true;
         -- The turn_seq of each picked channel, in pick order: served or not, each
@@ -176,3 +201,5 @@ BEGIN
     END LOOP;
 END
 $$;
+
+DROP FUNCTION fairq.channel_wait(timestamptz);

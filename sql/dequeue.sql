@@ -12,7 +12,8 @@
 --      channels with nothing due have no turn or a future one, so they cost nothing.
 --      SKIP LOCKED spreads concurrent dequeues over channels; if every eligible
 --      channel is busy with another call, a call that holds no lock yet waits briefly
---      for one instead of answering "empty" while work is waiting.
+--      for one to be released and picks again, instead of answering "empty" while
+--      work is waiting.
 --   3. In those channels, promote scheduled messages that have come due to 'ready'
 --      (so priority orders everything due, and a future message waits however
 --      urgent), bury heads that would exceed max_attempts, then lock each channel's
@@ -120,26 +121,40 @@ END
 $$;
 
 -- Step 2's fallback, for a call that holds no lock yet: every eligible channel is
--- locked, normally by another dequeue or settlement that takes about a millisecond.
--- Wait for the first one, but not for long: a channel held longer is held by a user
--- transaction, and the honest answer is then "nothing available".
-CREATE FUNCTION fairq.channel_wait(p_now timestamptz) RETURNS fairq.channel
+-- locked, normally by other calls that take milliseconds. Wait until the first of
+-- them is released, then let the caller pick again with SKIP LOCKED. The wait is
+-- for that one row, by id, in a subtransaction that is always rolled back, so the
+-- waiter never holds a row lock:
+--   * a locking scan (... ORDER BY turn LIMIT 1 FOR UPDATE) that waits for a row
+--     whose new version no longer qualifies keeps that row locked and waits for the
+--     next one; two such waiters deadlocked, or stalled until lock_timeout (seen in
+--     the bench as light tenants' p99 wait of 150-190 ms);
+--   * when a dequeue commits, every call waiting behind it wakes at once instead of
+--     receiving the row one after another.
+-- Not past p_until: a channel held longer is held by a user transaction, and the
+-- honest answer is then "nothing available". True when the caller should pick again.
+CREATE FUNCTION fairq.wait_for_release(p_now timestamptz, p_until timestamptz) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_channel fairq.channel;
-    v_lock_timeout text := current_setting('lock_timeout');
+    v_wait_ms bigint := ceil(extract(epoch FROM p_until - clock_timestamp()) * 1000);
+    v_first bigint := (SELECT c.id FROM fairq.channel c WHERE c.turn_at <= p_now
+                        ORDER BY c.turn_at, c.turn_seq LIMIT 1);
 BEGIN
-    PERFORM set_config('lock_timeout', '200ms', true);
-    SELECT * INTO v_channel FROM fairq.channel c
-     WHERE c.turn_at <= p_now
-     ORDER BY c.turn_at, c.turn_seq
-     LIMIT 1
-       FOR NO KEY UPDATE;
-    PERFORM set_config('lock_timeout', v_lock_timeout, true);
-    RETURN v_channel;
-EXCEPTION WHEN lock_not_available THEN
-    RETURN NULL;
+    IF v_first IS NULL OR v_wait_ms <= 0 THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        -- Local to the subtransaction: its rollback restores the caller's setting.
+        PERFORM set_config('lock_timeout', v_wait_ms || 'ms', true);
+        PERFORM FROM fairq.channel c WHERE c.id = v_first FOR NO KEY UPDATE;
+        RAISE EXCEPTION USING ERRCODE = 'FQ001';  -- rolls back the lock just taken
+    EXCEPTION
+        WHEN SQLSTATE 'FQ001' THEN
+            RETURN true;
+        WHEN lock_not_available THEN
+            RETURN false;
+    END;
 END
 $$;
 
@@ -154,7 +169,7 @@ AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
     v_lock interval := fairq.ms(fairq.require_duration(p_lock_ms, 1, 'p_lock_ms'));
-    v_channel fairq.channel;
+    v_wait_until timestamptz;
     v_picked bigint[];
     v_ids bigint[];
     v_served bigint[];
@@ -186,10 +201,9 @@ BEGIN
                    FOR NO KEY UPDATE SKIP LOCKED) p;
         IF cardinality(v_picked) = 0 THEN
             EXIT WHEN v_holds_locks;
-            v_channel := fairq.channel_wait(v_now);
-            EXIT WHEN v_channel.id IS NULL;
-            v_picked := ARRAY[v_channel.id];
-            v_attempts_capped := v_channel.max_attempts IS NOT NULL;
+            v_wait_until := coalesce(v_wait_until, clock_timestamp() + interval '200 ms');
+            EXIT WHEN NOT fairq.wait_for_release(v_now, v_wait_until);
+            CONTINUE;
         END IF;
         v_holds_locks := true;
         -- The turn_seq of each picked channel, in pick order: served or not, each

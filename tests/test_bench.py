@@ -82,3 +82,25 @@ def test_spark_flag_adds_the_dataframe_enqueue_rate(dsn: str, tmp_path: Path) ->
     assert results["targets"]["spark_enqueue_rows_per_s"]["target"] == ">= 20000"
     with psycopg.connect(dsn) as conn:  # the bench cleans up after itself
         assert conn.execute("SELECT count(*) FROM fairq.message").fetchone() == (0,)
+
+
+def test_producers_pause_while_the_backlog_is_at_its_bound(dsn: str, tmp_path: Path) -> None:
+    """Throughput runs are a steady state: the gate holds batched producers (many
+    times faster than consumers) back near ``throughput_backlog``; without it (a
+    bound nothing reaches) the same run's backlog runs away."""
+    binary = shutil.which("pgbench") or str(Path(bench._bindir()) / "pgbench")
+    pgbench = bench.Pgbench(dsn, binary, tmp_path)
+    bench.prepare_database(dsn)
+    gated = dataclasses.replace(bench.TINY, throughput_s=2, throughput_backlog=500)
+    unbounded = dataclasses.replace(gated, throughput_backlog=10_000_000)
+    try:
+        held = bench.throughput(pgbench, "floor", gated, batched=True)
+        free = bench.throughput(pgbench, "floor", unbounded, batched=True)
+    finally:
+        bench.reset(dsn)
+    assert held["consumed"] > 0 and free["consumed"] > 0
+    # The bound is soft: producers may run on for a check interval, and longer when the
+    # gate's own session waits for a core. Without the gate the backlog is everything
+    # produced minus the little consumed (about 40 times the gated one here).
+    assert held["backlog_after"] < held["produced"] / 3, held
+    assert held["backlog_after"] * 5 < free["backlog_after"], (held, free)

@@ -137,6 +137,36 @@ def test_dequeue_does_not_hang_on_a_channel_held_by_a_long_transaction(conn: Con
         assert time.monotonic() - started < 2.0
 
 
+def test_a_dequeue_that_waited_and_found_nothing_keeps_no_channel_locked(
+        dsn: str, conn: Conn, other: Conn) -> None:
+    """The waiting fallback locks nothing it does not serve: a dequeue that waited for
+    a busy channel, found it drained, and answered empty leaves its transaction
+    holding no channel row, so a producer can still wake the channel. (Before 0.3.0
+    the waiting scan kept every drained row it stepped over, which also let two
+    waiters deadlock.)"""
+    create_many(conn, ["a", "b"])
+    waiter_conn = psycopg.connect(dsn)  # not autocommit: its transaction stays open
+    answered: list[list[Delivery]] = []
+    try:
+        with open_transaction(other):
+            assert len(dequeue(other, n=2)) == 2  # drains both channels, holds both rows
+            waiter = threading.Thread(target=lambda: answered.append(dequeue(waiter_conn)),
+                                      daemon=True)
+            waiter.start()
+            waiter.join(0.2)
+            assert waiter.is_alive(), "the dequeue should wait for the busy channels"
+        waiter.join(10)
+        assert answered == [[]]  # both drained; its transaction is still open
+        conn.execute("SET lock_timeout = '2s'")
+        assert create(conn, "a", b"next")[1] == "created"  # wakes "a": takes its row
+        got = dequeue(conn)
+        assert [d.channel for d in got] == ["a"]
+    finally:
+        waiter_conn.rollback()
+        waiter_conn.close()
+    assert problems(conn) == []
+
+
 def test_concurrent_dequeues_spread_over_channels_without_waiting(dsn: str, conn: Conn, other: Conn) -> None:
     create_many(conn, ["a", "a", "b", "b"])
     with open_transaction(other):

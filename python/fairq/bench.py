@@ -8,8 +8,10 @@ Every scenario is measured in the same run as its reference, on the same server:
   three transactions per message), the seed article's FIFO queue, and fairq's
   create → dequeue → complete cycle over 100 channels; then all of it again with 100
   messages per call, and fairq's cycle while another session holds a REPEATABLE READ
-  snapshot open. The same method is applied to floor, FIFO and fairq: messages
-  consumed = sequence advance minus backlog growth, over the measured seconds;
+  snapshot open. The same method is applied to floor, FIFO and fairq: producers
+  pause while the backlog is at ``throughput_backlog`` (a steady state, see
+  ``_gatekeeper``), and messages consumed = sequence advance minus backlog growth,
+  over the measured seconds;
 * dequeue latency (one client, Python, sequential calls): median against queue depth
   and against the number of non-empty channels;
 * fairness (Python threads): p99 create → dequeue wait of light tenants with and
