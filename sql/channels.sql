@@ -209,6 +209,24 @@ BEGIN
 END
 $$;
 
+-- A channel whose due_at may be too early: a dequeue picked it and found nothing to
+-- hand out (a cancelled or concurrently taken head), or a create woke it for
+-- messages that were not created after all (dropped, duplicates). Recompute its
+-- turn from what it holds (taking p_turn_seq, or the next value); if it is empty,
+-- collect it.
+CREATE FUNCTION fairq.channel_retire(p_channel_id bigint, p_now timestamptz, p_turn_seq bigint)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_channel fairq.channel := fairq.channel_lock(p_channel_id);
+BEGIN
+    v_channel.due_at := fairq.settled_due_at(p_channel_id, v_channel.name, p_now);
+    v_channel := fairq.channel_store(v_channel, p_now, false, p_turn_seq);
+    PERFORM fairq.channel_collect(v_channel);
+END
+$$;
+
 -- p_count messages of the locked channel left the 'locked' status (settled,
 -- deferred, recovered): free their concurrency slots (a capped channel's). p_due_at
 -- is set when they are pending again.

@@ -11,9 +11,9 @@
 --   * at most one message per (channel, dedup_key) exists at a time;
 --   * channel rows are locked in id order, like every call that locks several.
 -- message_create_batch is the one complete code path. message_create takes a short
--- path for the common case (a channel that exists, has no max_size, and a message
--- without dedup key) and is message_create_batch of one element otherwise; the
--- model test holds both to the same answers. In both, a NULL dequeue_at means now
+-- path for every channel without max_size (about 7 statements instead of 30), and
+-- is message_create_batch of one element for a bounded channel; the model test
+-- holds both to the same answers. In both, a NULL dequeue_at means now
 -- and a NULL priority means 0.
 --
 -- Every queue call (message_*, dead_letter_retry) runs with, besides its pinned
@@ -203,16 +203,10 @@ BEGIN
 
     -- A channel woken above that got nothing (all dropped or duplicates) must not keep
     -- the turn it was given.
-    FOR v_channel IN
-        SELECT c.* FROM fairq.channel c
-         WHERE c.id = ANY (v_woken)
-           AND NOT EXISTS (SELECT 1 FROM unnest(v_channel_of, v_statuses) AS u(channel_id, status)
-                            WHERE u.channel_id = c.id AND u.status = 'created')
-    LOOP
-        v_channel.due_at := fairq.settled_due_at(v_channel.id, v_channel.name, v_now);
-        v_channel := fairq.channel_store(v_channel, v_now, false);
-        PERFORM fairq.channel_collect(v_channel);
-    END LOOP;
+    PERFORM fairq.channel_retire(w.id, v_now, NULL)
+       FROM unnest(v_woken) AS w(id)
+      WHERE NOT EXISTS (SELECT 1 FROM unnest(v_channel_of, v_statuses) AS u(channel_id, status)
+                         WHERE u.channel_id = w.id AND u.status = 'created');
 
     -- A message wakes workers only where its channel's turn moved earlier.
     PERFORM fairq.notify_event('created', c.name, min(u.id), min(coalesce(u.dequeue_at, v_now)))
@@ -242,6 +236,7 @@ DECLARE
     v_due_at timestamptz := coalesce(p_dequeue_at, v_now);
     v_channel fairq.channel;
     v_woken boolean := false;
+    v_created boolean := false;
     v_id bigint;
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
@@ -252,8 +247,11 @@ BEGIN
     -- lock exclusively).
     PERFORM pg_advisory_xact_lock_shared(1717660018, fairq.producer_lock_key(p_channel));
     SELECT * INTO v_channel FROM fairq.channel c WHERE c.name = p_channel;
-    IF v_channel.id IS NULL OR v_channel.max_size IS NOT NULL OR p_dedup_key IS NOT NULL THEN
-        -- A new channel, a bounded one or a dedup key: the batch path's admission.
+    IF v_channel.id IS NULL THEN
+        SELECT * INTO v_channel FROM fairq.channels_for_producer(ARRAY[p_channel]);
+    END IF;
+    IF v_channel.max_size IS NOT NULL THEN
+        -- A bounded channel: the batch path's admission under max_size.
         RETURN QUERY
             SELECT b.id, b.status
               FROM fairq.message_create_batch(ARRAY[p_channel], ARRAY[p_content],
@@ -261,17 +259,36 @@ BEGIN
                                               ARRAY[p_dedup_key]) AS b;
         RETURN;
     END IF;
-    -- Nothing can stop this message from being created, so the channel's turn may
-    -- move forward before the insert (the batch path's rule, for one message).
+    -- The batch path's order, for one message: move the channel's turn forward if the
+    -- message needs it, then look for a live message with the same dedup key, then
+    -- insert; a channel woken for a duplicate is retired (its turn recomputed).
     IF v_channel.due_at IS NULL OR (v_due_at < v_channel.due_at AND v_channel.due_at > v_now) THEN
         PERFORM fairq.channel_wake(v_channel.id, v_due_at, v_now);
         v_woken := true;
     END IF;
-    INSERT INTO fairq.message (channel_id, status, priority, dequeue_at, created_at, content)
-    VALUES (v_channel.id,
-            CASE WHEN v_due_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status,
-            coalesce(p_priority, 0), v_due_at, v_now, p_content)
-    RETURNING fairq.message.id INTO v_id;
+    IF p_dedup_key IS NOT NULL THEN
+        SELECT m.id INTO v_id FROM fairq.message m
+         WHERE m.channel_id = v_channel.id AND m.dedup_key = p_dedup_key;
+    END IF;
+    IF v_id IS NULL THEN
+        INSERT INTO fairq.message (channel_id, status, priority, dequeue_at, created_at, dedup_key, content)
+        VALUES (v_channel.id,
+                CASE WHEN v_due_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status,
+                coalesce(p_priority, 0), v_due_at, v_now, p_dedup_key, p_content)
+        ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+        RETURNING fairq.message.id INTO v_id;
+        v_created := v_id IS NOT NULL;
+    END IF;
+    IF NOT v_created THEN
+        -- A duplicate, found by the lookup or committed concurrently since then.
+        SELECT m.id INTO v_id FROM fairq.message m
+         WHERE m.channel_id = v_channel.id AND m.dedup_key = p_dedup_key;
+        IF v_woken THEN
+            PERFORM fairq.channel_retire(v_channel.id, v_now, NULL);
+        END IF;
+        RETURN QUERY SELECT v_id, 'duplicate'::text;
+        RETURN;
+    END IF;
     IF fairq.events_wanted(v_woken) THEN
         PERFORM fairq.notify_event('created', p_channel, v_id, v_due_at);
     END IF;

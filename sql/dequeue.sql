@@ -67,22 +67,6 @@ BEGIN
 END
 $$;
 
--- Step 4 for a locked channel that had nothing to hand out: its due_at was early
--- (a cancelled or concurrently taken head). Recompute it; if the channel is empty,
--- collect it.
-CREATE FUNCTION fairq.channel_retire(p_channel_id bigint, p_now timestamptz, p_turn_seq bigint)
-RETURNS void
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v_channel fairq.channel := fairq.channel_lock(p_channel_id);
-BEGIN
-    v_channel.due_at := fairq.settled_due_at(p_channel_id, v_channel.name, p_now);
-    v_channel := fairq.channel_store(v_channel, p_now, false, p_turn_seq);
-    PERFORM fairq.channel_collect(v_channel);
-END
-$$;
-
 -- Step 3's burial: heads of the given channels that one more delivery would take past
 -- max_attempts (a deferred message on its last attempt, or a lowered limit) die
 -- instead, until every head may be delivered.

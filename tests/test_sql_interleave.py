@@ -167,6 +167,25 @@ def test_a_dequeue_that_waited_and_found_nothing_keeps_no_channel_locked(
     assert problems(conn) == []
 
 
+@pytest.mark.parametrize("idle_channel", [True, False], ids=["idle channel", "new channel"])
+def test_two_producers_racing_on_one_dedup_key_create_it_once(
+        dsn: str, conn: Conn, other: Conn, idle_channel: bool) -> None:
+    """The second producer waits for the first (on the channel row it wakes, or on the
+    channel's insertion), then answers duplicate with the first one's id; the channel
+    it woke for nothing keeps a consistent turn."""
+    if idle_channel:  # a policy keeps the empty channel's row: both producers wake it
+        conn.execute("SELECT fairq.channel_set('race', p_max_attempts => 5)")
+    with open_transaction(other):
+        first = create(other, "race", b"one", dedup_key="k")
+        assert first[1] == "created"
+        second = Background(dsn, lambda c: create(c, "race", b"two", dedup_key="k"))
+        assert second.blocked(0.3)
+    assert second.join() == (first[0], "duplicate")
+    assert problems(conn) == []
+    assert [d.id for d in dequeue(conn, n=5)] == [first[0]]
+    assert dequeue(conn) == []
+
+
 def test_concurrent_dequeues_spread_over_channels_without_waiting(dsn: str, conn: Conn, other: Conn) -> None:
     create_many(conn, ["a", "a", "b", "b"])
     with open_transaction(other):
