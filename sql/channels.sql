@@ -194,6 +194,15 @@ BEGIN
 END
 $$;
 
+-- Whether a message due at p_due_at must bring its channel's turn forward: the
+-- channel has nothing pending, or only messages due later that are not yet due.
+CREATE FUNCTION fairq.needs_wake(p_channel_due_at timestamptz, p_due_at timestamptz,
+                                 p_now timestamptz) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_channel_due_at IS NULL OR (p_due_at < p_channel_due_at AND p_channel_due_at > p_now)
+$$;
+
 -- A message became pending on the channel at p_due_at (create, defer, retry): make
 -- sure the channel has a turn no later than the message needs.
 CREATE FUNCTION fairq.channel_wake(p_channel_id bigint, p_due_at timestamptz, p_now timestamptz)

@@ -100,13 +100,13 @@ BEGIN
                   FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
                  GROUP BY u.channel) e ON e.channel = c.name
          WHERE c.id = ANY (v_channel_ids)
-           AND (c.due_at IS NULL OR (e.earliest < c.due_at AND c.due_at > v_now)
+           AND (fairq.needs_wake(c.due_at, e.earliest, v_now)
                 OR c.max_size IS NOT NULL)
          ORDER BY c.id
     LOOP
         v_channel := v_row.channel;
         v_earliest := v_row.earliest;
-        IF v_channel.due_at IS NULL OR (v_earliest < v_channel.due_at AND v_channel.due_at > v_now) THEN
+        IF fairq.needs_wake(v_channel.due_at, v_earliest, v_now) THEN
             PERFORM fairq.channel_wake(v_channel.id, v_earliest, v_now);
             v_woken := v_woken || v_channel.id;
         END IF;
@@ -236,7 +236,6 @@ DECLARE
     v_due_at timestamptz := coalesce(p_dequeue_at, v_now);
     v_channel fairq.channel;
     v_woken boolean := false;
-    v_created boolean := false;
     v_id bigint;
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
@@ -262,7 +261,7 @@ BEGIN
     -- The batch path's order, for one message: move the channel's turn forward if the
     -- message needs it, then look for a live message with the same dedup key, then
     -- insert; a channel woken for a duplicate is retired (its turn recomputed).
-    IF v_channel.due_at IS NULL OR (v_due_at < v_channel.due_at AND v_channel.due_at > v_now) THEN
+    IF fairq.needs_wake(v_channel.due_at, v_due_at, v_now) THEN
         PERFORM fairq.channel_wake(v_channel.id, v_due_at, v_now);
         v_woken := true;
     END IF;
@@ -277,22 +276,22 @@ BEGIN
                 coalesce(p_priority, 0), v_due_at, v_now, p_dedup_key, p_content)
         ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         RETURNING fairq.message.id INTO v_id;
-        v_created := v_id IS NOT NULL;
-    END IF;
-    IF NOT v_created THEN
-        -- A duplicate, found by the lookup or committed concurrently since then.
+        IF v_id IS NOT NULL THEN
+            IF fairq.events_wanted(v_woken) THEN
+                PERFORM fairq.notify_event('created', p_channel, v_id, v_due_at);
+            END IF;
+            RETURN QUERY SELECT v_id, 'created'::text;
+            RETURN;
+        END IF;
+        -- Another producer committed the same dedup key since the lookup.
         SELECT m.id INTO v_id FROM fairq.message m
          WHERE m.channel_id = v_channel.id AND m.dedup_key = p_dedup_key;
-        IF v_woken THEN
-            PERFORM fairq.channel_retire(v_channel.id, v_now, NULL);
-        END IF;
-        RETURN QUERY SELECT v_id, 'duplicate'::text;
-        RETURN;
     END IF;
-    IF fairq.events_wanted(v_woken) THEN
-        PERFORM fairq.notify_event('created', p_channel, v_id, v_due_at);
+    -- A duplicate: a channel woken for it keeps no turn it does not need.
+    IF v_woken THEN
+        PERFORM fairq.channel_retire(v_channel.id, v_now, NULL);
     END IF;
-    RETURN QUERY SELECT v_id, 'created'::text;
+    RETURN QUERY SELECT v_id, 'duplicate'::text;
 END
 $$;
 

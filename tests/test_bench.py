@@ -88,8 +88,7 @@ def test_producers_pause_while_the_backlog_is_at_its_bound(dsn: str, tmp_path: P
     """Throughput runs are a steady state: the gate holds batched producers (many
     times faster than consumers) back near ``throughput_backlog``; without it (a
     bound nothing reaches) the same run's backlog runs away."""
-    binary = shutil.which("pgbench") or str(Path(bench._bindir()) / "pgbench")
-    pgbench = bench.Pgbench(dsn, binary, tmp_path)
+    pgbench = bench.Pgbench(dsn, bench.pgbench_binary(), tmp_path)
     bench.prepare_database(dsn)
     gated = dataclasses.replace(bench.TINY, throughput_s=2, throughput_backlog=500)
     unbounded = dataclasses.replace(gated, throughput_backlog=10_000_000)

@@ -167,14 +167,19 @@ def test_a_dequeue_that_waited_and_found_nothing_keeps_no_channel_locked(
     assert problems(conn) == []
 
 
-@pytest.mark.parametrize("idle_channel", [True, False], ids=["idle channel", "new channel"])
+@pytest.mark.parametrize("channel", ["idle", "new", "busy"])
 def test_two_producers_racing_on_one_dedup_key_create_it_once(
-        dsn: str, conn: Conn, other: Conn, idle_channel: bool) -> None:
-    """The second producer waits for the first (on the channel row it wakes, or on the
-    channel's insertion), then answers duplicate with the first one's id; the channel
-    it woke for nothing keeps a consistent turn."""
-    if idle_channel:  # a policy keeps the empty channel's row: both producers wake it
+        dsn: str, conn: Conn, other: Conn, channel: str) -> None:
+    """The second producer waits for the first, then answers duplicate with the first
+    one's id. It waits on the row of the channel both wake (idle), on the channel's
+    insertion (new), or on the key itself (busy: neither wakes the channel, so the
+    second finds the key only when its insert conflicts). A channel woken for the
+    duplicate keeps a consistent turn."""
+    waiting: list[int] = []
+    if channel == "idle":  # a policy keeps the empty channel's row: both producers wake it
         conn.execute("SELECT fairq.channel_set('race', p_max_attempts => 5)")
+    if channel == "busy":
+        waiting.append(create(conn, "race", b"already due")[0] or 0)
     with open_transaction(other):
         first = create(other, "race", b"one", dedup_key="k")
         assert first[1] == "created"
@@ -182,7 +187,7 @@ def test_two_producers_racing_on_one_dedup_key_create_it_once(
         assert second.blocked(0.3)
     assert second.join() == (first[0], "duplicate")
     assert problems(conn) == []
-    assert [d.id for d in dequeue(conn, n=5)] == [first[0]]
+    assert [d.id for d in dequeue(conn, n=5)] == [*waiting, first[0]]
     assert dequeue(conn) == []
 
 

@@ -999,7 +999,7 @@ def run(dsn: str, sizes: Sizes, log: Log | None = None,
     With ``profile`` (the server must preload pg_stat_statements) each throughput
     scenario also reports its top statements, nested ones included."""
     log = log or Progress()
-    binary = shutil.which("pgbench") or str(Path(_bindir()) / "pgbench")
+    binary = pgbench_binary()
     prepare_database(dsn)
     if profile:
         with connect(dsn) as conn:
@@ -1110,6 +1110,11 @@ def _sharedir() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "/nonexistent"
     return out.stdout.strip()
+
+
+def pgbench_binary() -> str:
+    """pgbench on PATH, else the one beside the server that pg_config names."""
+    return shutil.which("pgbench") or str(Path(_bindir()) / "pgbench")
 
 
 def _bindir() -> str:
