@@ -42,8 +42,9 @@ DECLARE
     v_count integer := cardinality(fairq.require(p_channels, 'p_channels'));
     v_names text[];
     v_channel_ids bigint[];
-    v_bounded fairq.channel[] := '{}';
-    v_woken bigint[] := '{}';
+    v_bounded fairq.channel[];
+    v_woken bigint[];
+    v_turn_seqs bigint[];
     v_channel fairq.channel;
     v_channel_of bigint[];   -- per element: its channel's id
     v_first_of integer[];    -- per element: the first element with its channel and dedup key
@@ -53,7 +54,6 @@ DECLARE
     v_new_ids bigint[];
     v_inserted boolean[];
     v_row record;
-    v_earliest timestamptz;
     v_admitted integer;
     v_bad integer;
     i integer;
@@ -88,32 +88,48 @@ BEGIN
     SELECT coalesce(array_agg(c.name ORDER BY c.id), '{}'), coalesce(array_agg(c.id ORDER BY c.id), '{}')
       INTO v_names, v_channel_ids
       FROM fairq.channels_for_producer(p_channels) AS c;
-    -- Then, in channel id order like every fairq call that locks several channels,
-    -- move a channel's turn forward if the batch's earliest message for it is due
-    -- before everything it holds. Doing so before inserting keeps the lock order
-    -- (channel, then size) and is harmless if nothing ends up created: a dequeue that
-    -- finds nothing recomputes the channel.
-    FOR v_row IN
-        SELECT c AS channel, e.earliest
+    -- Then move a channel's turn forward where the batch's earliest message for it is
+    -- due before everything it holds: lock those rows in channel id order, like every
+    -- fairq call that locks several channels (a row that changed meanwhile is checked
+    -- again), and update them in one statement, each woken channel taking its turn_seq
+    -- in id order. One statement, not one call per channel: producers of a batch over
+    -- many idle channels hold those rows until they commit, and other producers and
+    -- dequeues queue behind them. Doing this before inserting keeps the lock order
+    -- (channel, then size) and is harmless if nothing ends up created: a woken channel
+    -- that gets nothing is retired below.
+    v_woken := ARRAY(
+        SELECT c.id
           FROM fairq.channel c
           JOIN (SELECT u.channel, min(coalesce(u.dequeue_at, v_now)) AS earliest
                   FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
                  GROUP BY u.channel) e ON e.channel = c.name
-         WHERE c.id = ANY (v_channel_ids)
-           AND (fairq.needs_wake(c.due_at, e.earliest, v_now)
-                OR c.max_size IS NOT NULL)
+         WHERE c.id = ANY (v_channel_ids) AND fairq.needs_wake(c.due_at, e.earliest, v_now)
          ORDER BY c.id
-    LOOP
-        v_channel := v_row.channel;
-        v_earliest := v_row.earliest;
-        IF fairq.needs_wake(v_channel.due_at, v_earliest, v_now) THEN
-            PERFORM fairq.channel_wake(v_channel.id, v_earliest, v_now);
-            v_woken := v_woken || v_channel.id;
-        END IF;
-        IF v_channel.max_size IS NOT NULL THEN
-            v_bounded := v_bounded || v_channel;
-        END IF;
-    END LOOP;
+           FOR NO KEY UPDATE OF c);
+    IF cardinality(v_woken) > 0 THEN
+        v_turn_seqs := ARRAY(SELECT nextval('fairq.turn_seq') FROM generate_series(1, cardinality(v_woken)));
+        UPDATE fairq.channel c
+           SET due_at = w.due_at,
+               turn_at = w.turn_at,
+               turn_seq = CASE WHEN w.turn_at IS NULL THEN NULL
+                               WHEN w.turn_at IS DISTINCT FROM c.turn_at
+                               THEN v_turn_seqs[array_position(v_woken, c.id)]
+                               ELSE c.turn_seq END
+          FROM (SELECT k.id, k.due_at,
+                       fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
+                                       k.in_flight, k.max_concurrency, v_now) AS turn_at
+                  FROM (SELECT c.id, c.turn_at, c.last_release_at, c.release_interval_ms,
+                               c.in_flight, c.max_concurrency, LEAST(c.due_at, e.earliest) AS due_at
+                          FROM fairq.channel c
+                          JOIN (SELECT u.channel, min(coalesce(u.dequeue_at, v_now)) AS earliest
+                                  FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
+                                 GROUP BY u.channel) e ON e.channel = c.name
+                         WHERE c.id = ANY (v_woken)
+                        OFFSET 0) k) w  -- keeps w.due_at a plain column, so next_turn is inlined
+         WHERE c.id = ANY (v_woken) AND c.id = w.id;
+    END IF;
+    v_bounded := ARRAY(SELECT c FROM fairq.channel c
+                        WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL ORDER BY c.id);
 
     SELECT array_agg(e.channel_id ORDER BY e.i), array_agg(e.first_of ORDER BY e.i)
       INTO v_channel_of, v_first_of

@@ -20,6 +20,7 @@ from sqlq import (
     Conn,
     Delivery,
     call,
+    channels_of,
     complete,
     create,
     create_many,
@@ -188,6 +189,32 @@ def test_two_producers_racing_on_one_dedup_key_create_it_once(
     assert second.join() == (first[0], "duplicate")
     assert problems(conn) == []
     assert [d.id for d in dequeue(conn, n=5)] == [*waiting, first[0]]
+    assert dequeue(conn) == []
+
+
+def turn(conn: Conn, name: str) -> tuple[Any, ...] | None:
+    return conn.execute("SELECT turn_at, turn_seq FROM fairq.channel WHERE name = %s",
+                        (name,)).fetchone()
+
+
+def test_batch_producer_waiting_on_a_channel_another_producer_wakes(
+        dsn: str, conn: Conn, other: Conn) -> None:
+    """A batch wakes all its idle channels in one locking statement, in channel id
+    order. When another producer is waking one of them, the batch waits for that row,
+    checks it again once the other commits (it is due now: no second wake), and its
+    messages are delivered in the turns both producers gave: the channel woken first
+    goes first."""
+    for name in ("a", "b"):  # policies keep the empty channels' rows: both are idle
+        conn.execute("SELECT fairq.channel_set(%s, p_max_attempts => 5)", (name,))
+    with open_transaction(other):
+        assert create_many(other, ["b"])[0][2] == "created"  # wakes b, holds its row
+        batch = Background(dsn, lambda c: create_many(c, ["a", "b", "a"]))
+        assert batch.blocked(0.3), "the batch should wait for b's row"
+        turn_of_b = turn(other, "b")
+    assert [status for _, _, status in batch.join()] == ["created"] * 3
+    assert turn(conn, "b") == turn_of_b
+    assert problems(conn) == []
+    assert channels_of(dequeue(conn, n=10)) == ["b", "a", "b", "a"]
     assert dequeue(conn) == []
 
 
