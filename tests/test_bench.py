@@ -22,12 +22,14 @@ KEYS = (
     "batched_msgs_per_s", "batched_floor_msgs_per_s", "batched_vs_floor",
     "depth_latency_ratio", "channels_latency_ratio", "fairness_wait_ratio", "jain_index",
     "held_snapshot_ratio", "soak_ratio", "soak_sizes", "machine",
+    "floor_held_snapshot_ratio", "batched_wide_msgs_per_s", "batched_wide_vs_floor",
 )
 POSITIVE = (
     "floor_msgs_per_s", "fifo_msgs_per_s", "cycle_msgs_per_s", "cycle_vs_floor",
     "batched_msgs_per_s", "batched_floor_msgs_per_s", "batched_vs_floor",
     "depth_latency_ratio", "channels_latency_ratio", "fairness_wait_ratio",
-    "held_snapshot_ratio",
+    "held_snapshot_ratio", "floor_held_snapshot_ratio", "batched_wide_msgs_per_s",
+    "batched_wide_vs_floor",
 )
 
 pytestmark = pytest.mark.skipif(shutil.which("pgbench") is None, reason="pgbench not installed")

@@ -8,7 +8,9 @@ Every scenario is measured in the same run as its reference, on the same server:
   three transactions per message), the seed article's FIFO queue, and fairq's
   create → dequeue → complete cycle over 100 channels; then all of it again with 100
   messages per call, and fairq's cycle while another session holds a REPEATABLE READ
-  snapshot open. The same method is applied to floor, FIFO and fairq: producers
+  snapshot open. Two references carry no target: the floor under the same held
+  snapshot, and fairq's batched cycle over ``wide_channels`` (1,000) channels. The
+  same method is applied to floor, FIFO and fairq: producers
   pause while the backlog is at ``throughput_backlog`` (a steady state, see
   ``_gatekeeper``), and messages consumed = sequence advance minus backlog growth,
   over the measured seconds;
@@ -44,7 +46,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,7 @@ class Sizes:
     prefill: int = 4_000            # backlog before a throughput run, so consumers start busy
     throughput_backlog: int = 8_000  # producers of a throughput run pause above this backlog
     batch: int = 100
+    wide_channels: int = 1_000      # the batched reference where channels outnumber batches
     depth_levels: tuple[int, ...] = (1_000, 10_000, 100_000, 1_000_000)
     depth_channels: int = 100
     latency_samples: int = 1_000
@@ -102,6 +105,7 @@ QUICK = Sizes(
     soak_max_s=40.0)
 TINY = Sizes(
     "tiny", throughput_s=1, producers=2, consumers=2, channels=10, prefill=200, batch=20,
+    wide_channels=40,
     throughput_backlog=400,
     depth_levels=(100, 1_000), depth_channels=10, latency_samples=30,
     channel_levels=(10, 200), fair_heavy=300, fair_light_tenants=4, fair_light_rate=50.0,
@@ -1010,8 +1014,9 @@ def run(dsn: str, sizes: Sizes, log: Log | None = None,
     with tempfile.TemporaryDirectory(prefix="fairq-bench-") as work:
         bench = Pgbench(dsn, binary, Path(work))
 
-        def measure(key: str, kind: str, batched: bool, **kw: Any) -> float:
-            result = throughput(bench, kind, sizes, batched, profile=profile, **kw)
+        def measure(key: str, kind: str, batched: bool, scale: Sizes = sizes,
+                    **kw: Any) -> float:
+            result = throughput(bench, kind, scale, batched, profile=profile, **kw)
             details[key] = result
             log(f"  {key}: {result['msgs_per_s']:,.0f} msgs/s"
                 f" (produced {result['produced_per_s']:,.0f}/s,"
@@ -1030,6 +1035,11 @@ def run(dsn: str, sizes: Sizes, log: Log | None = None,
             with connect(dsn) as conn:
                 details["cycle_held_snapshot"]["table_stats_after"] = table_stats(conn)
             out["held_snapshot_ratio"] = ratio(held, out["cycle_msgs_per_s"])
+            # Reference: the same snapshot against the plain-SQL floor. Its claims leave
+            # dead entries in floor_ready_ix just as fairq's dequeues do in its indexes.
+            floor_held = measure("floor_held_snapshot", "floor", False,
+                                 during=lambda: held_snapshot(dsn))
+            out["floor_held_snapshot_ratio"] = ratio(floor_held, out["floor_msgs_per_s"])
         if "throughput" in scenarios:
             out["fifo_msgs_per_s"] = measure("fifo", "fifo", False)
         if "events" in scenarios:
@@ -1041,6 +1051,14 @@ def run(dsn: str, sizes: Sizes, log: Log | None = None,
             out["batched_msgs_per_s"] = measure("batched", "fairq", True)
             out["batched_vs_floor"] = ratio(out["batched_msgs_per_s"],
                                             out["batched_floor_msgs_per_s"])
+            # Reference: with 100 channels one batch of 100 takes every channel (one call
+            # of n is n single dequeues), so batch consumers run one at a time. Over more
+            # channels than batches in flight they hold disjoint channels.
+            wide = replace(sizes, channels=sizes.wide_channels)
+            log(f"reference: {sizes.batch} messages per call over {wide.channels:,} channels")
+            out["batched_wide_msgs_per_s"] = measure("batched_wide", "fairq", True, scale=wide)
+            out["batched_wide_vs_floor"] = ratio(out["batched_wide_msgs_per_s"],
+                                                 out["batched_floor_msgs_per_s"])
         if "depth" in scenarios:
             log(f"dequeue latency vs depth {sizes.depth_levels}")
             details["depth"] = depth_scenario(dsn, sizes, log)
@@ -1132,11 +1150,14 @@ ROWS = (
     ("batched_floor_msgs_per_s", "plain-SQL floor, batched", "{:,.0f}"),
     ("batched_msgs_per_s", "fairq cycle, batched", "{:,.0f}"),
     ("batched_vs_floor", "  batched / floor", "{:.3f}"),
+    ("batched_wide_msgs_per_s", "fairq batched, wide channels (ref.)", "{:,.0f}"),
+    ("batched_wide_vs_floor", "  wide batched / floor", "{:.3f}"),
     ("depth_latency_ratio", "dequeue latency, deep / shallow", "{:.3f}"),
     ("channels_latency_ratio", "dequeue latency, many / few channels", "{:.3f}"),
     ("fairness_wait_ratio", "light p99 wait, heavy / none", "{:.3f}"),
     ("jain_index", "Jain index, backlogged tenants", "{:.4f}"),
     ("held_snapshot_ratio", "cycle with held snapshot / without", "{:.3f}"),
+    ("floor_held_snapshot_ratio", "  floor with held snapshot (ref.)", "{:.3f}"),
     ("soak_ratio", "soak, last tenth / first tenth", "{:.3f}"),
     ("spark_enqueue_rows_per_s", "Spark DataFrame enqueue (rows/s)", "{:,.0f}"),
 )
