@@ -54,6 +54,19 @@ ALTER SEQUENCE fairq.channel_id_seq OWNED BY fairq.channel.id;
 -- The dequeue's first lookup: the eligible channel whose turn is earliest.
 CREATE INDEX channel_turn_ix ON fairq.channel (turn_at, turn_seq) WHERE turn_at IS NOT NULL;
 
+-- Wakes a producer queued instead of waiting for a channel row that another
+-- transaction held (fairq.channels_wake): the channel's turn is due no later than
+-- due_at, from woken_at, with turn_seq. Committed with the producer's messages and
+-- applied, then deleted, by the next dequeue (fairq.apply_wakes). Usually empty.
+CREATE TABLE fairq.channel_wake (
+    channel_id bigint      NOT NULL,
+    due_at     timestamptz NOT NULL,
+    woken_at   timestamptz NOT NULL,
+    turn_seq   bigint      NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
+        autovacuum_vacuum_cost_delay = 0);
+CREATE INDEX channel_wake_channel_ix ON fairq.channel_wake (channel_id);
+
 -- Producers of a bounded channel serialise on this row, not on the channel row that
 -- dequeues lock, so an open producer transaction never hides a channel from workers.
 CREATE TABLE fairq.channel_size (
@@ -128,6 +141,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'fairq') THEN
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_size', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_wake', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.message', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.dead_letter', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.message_history', '');
@@ -142,6 +156,8 @@ COMMENT ON TYPE fairq.message_status IS
     'Where a message is: scheduled (not yet due), ready (due, ordered by priority), locked (handed out, in flight).';
 COMMENT ON TABLE fairq.channel IS
     'One row per channel (tenant): its policy, in-flight count and round-robin turn. Rows without a policy disappear when the channel is empty.';
+COMMENT ON TABLE fairq.channel_wake IS
+    'Channel wakes that producers queued because another transaction held the channel row; the next dequeue applies them. Usually empty.';
 COMMENT ON TABLE fairq.channel_size IS
     'Message count of each channel that has a max_size, in flight included.';
 COMMENT ON TABLE fairq.message IS
@@ -233,6 +249,21 @@ BEGIN
     END IF;
     IF p_value < p_minimum THEN
         RAISE EXCEPTION '% must be at least %, got %', p_name, p_minimum, p_value
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+-- A time a message becomes due. NULL is allowed and means now; 'infinity' and
+-- '-infinity' are refused: no message could ever be due at the one, and the other is
+-- a value many clients cannot read back.
+CREATE FUNCTION fairq.require_finite(p_value timestamptz, p_name text) RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF NOT isfinite(p_value) THEN
+        RAISE EXCEPTION '% must be a finite timestamp or NULL (now), got %', p_name, p_value
             USING ERRCODE = '22023';
     END IF;
     RETURN p_value;
@@ -524,6 +555,8 @@ BEGIN
     IF NOT p_channel.has_policy AND p_channel.due_at IS NULL
        AND NOT EXISTS (SELECT 1 FROM fairq.message m
                         WHERE m.channel_id = p_channel.id AND m.status = 'locked')
+       AND NOT EXISTS (SELECT 1 FROM fairq.channel_wake w  -- pending, not yet due_at
+                        WHERE w.channel_id = p_channel.id)
        AND fairq.channel_quiet(p_channel.name) THEN
         DELETE FROM fairq.channel WHERE id = p_channel.id;
     END IF;
@@ -584,6 +617,112 @@ BEGIN
     v_channel := fairq.channel_lock(p_channel_id);
     v_channel.due_at := LEAST(v_channel.due_at, p_due_at);
     PERFORM fairq.channel_store(v_channel, p_now, true);
+END
+$$;
+
+-- For a producer holding the channels' producer locks: move forward the turns of
+-- those (p_channel_ids, each with the earliest due time its new messages need) that
+-- need it (fairq.needs_wake). The rows free right now are locked in id order and
+-- updated in one statement (woken). A row another transaction holds (a producer
+-- waking the same channel, a dequeue, a settlement) is not waited for: its wake is
+-- queued in fairq.channel_wake, committed with the producer's messages, and the next
+-- dequeue applies it (queued). So producers never queue behind each other on channel
+-- rows: a batch over many idle channels used to hold every row it had woken while it
+-- waited for the next one, and other producers waited for it in turn. Each channel
+-- takes its turn_seq in id order, woken ones first.
+CREATE FUNCTION fairq.channels_wake(p_channel_ids bigint[], p_due_ats timestamptz[],
+                                    p_now timestamptz, OUT woken bigint[], OUT queued bigint[])
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_needed bigint[] := ARRAY(
+        SELECT c.id FROM fairq.channel c
+          JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
+         WHERE c.id = ANY (p_channel_ids) AND fairq.needs_wake(c.due_at, e.due_at, p_now)
+         ORDER BY c.id);
+    v_turn_seqs bigint[];
+BEGIN
+    woken := ARRAY(
+        SELECT c.id FROM fairq.channel c
+          JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
+         WHERE c.id = ANY (v_needed) AND fairq.needs_wake(c.due_at, e.due_at, p_now)
+         ORDER BY c.id
+           FOR NO KEY UPDATE OF c SKIP LOCKED);
+    -- Skipped rows, and rows that changed and no longer need a wake (harmless: a
+    -- wake only ever moves a turn earlier).
+    queued := ARRAY(SELECT n.id FROM unnest(v_needed) AS n(id) WHERE n.id <> ALL (woken) ORDER BY n.id);
+    IF cardinality(v_needed) = 0 THEN
+        RETURN;
+    END IF;
+    v_turn_seqs := ARRAY(SELECT nextval('fairq.turn_seq') FROM generate_series(1, cardinality(v_needed)));
+    UPDATE fairq.channel c
+       SET due_at = w.due_at,
+           turn_at = w.turn_at,
+           turn_seq = CASE WHEN w.turn_at IS NULL THEN NULL
+                           WHEN w.turn_at IS DISTINCT FROM c.turn_at
+                           THEN v_turn_seqs[array_position(woken, c.id)]
+                           ELSE c.turn_seq END
+      FROM (SELECT k.id, k.due_at,
+                   fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
+                                   k.in_flight, k.max_concurrency, p_now) AS turn_at
+              FROM (SELECT c.id, c.turn_at, c.last_release_at, c.release_interval_ms,
+                           c.in_flight, c.max_concurrency, LEAST(c.due_at, e.due_at) AS due_at
+                      FROM fairq.channel c
+                      JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
+                     WHERE c.id = ANY (woken)
+                    OFFSET 0) k) w  -- keeps w.due_at a plain column, so next_turn is inlined
+     WHERE c.id = ANY (woken) AND c.id = w.id;
+    INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq)
+    SELECT q.id, e.due_at, p_now, v_turn_seqs[cardinality(woken) + q.pos]
+      FROM unnest(queued) WITH ORDINALITY AS q(id, pos)
+      JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = q.id;
+END
+$$;
+
+-- For a dequeue, before it picks: apply the queued wakes (fairq.channels_wake) of
+-- channels whose rows are free, as the producer would have: the channel's due_at
+-- moves to the earliest wake, its turn is computed as of the first wake and takes
+-- that wake's turn_seq. A channel whose row is held keeps its wakes for a later
+-- dequeue. True if it applied any (the caller then holds those channel rows).
+CREATE FUNCTION fairq.apply_wakes() RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_taken integer;
+BEGIN
+    WITH taken AS (
+        SELECT w.ctid AS wake, w.channel_id, w.due_at, w.woken_at, w.turn_seq
+          FROM fairq.channel_wake w
+          JOIN fairq.channel c ON c.id = w.channel_id
+         ORDER BY w.channel_id, w.turn_seq
+           FOR UPDATE OF w SKIP LOCKED
+           FOR NO KEY UPDATE OF c SKIP LOCKED
+    ), dropped AS (
+        DELETE FROM fairq.channel_wake w USING taken t WHERE w.ctid = t.wake
+    ), wake AS (
+        SELECT t.channel_id, min(t.due_at) AS due_at, min(t.woken_at) AS woken_at,
+               min(t.turn_seq) AS turn_seq
+          FROM taken t GROUP BY t.channel_id
+    ), applied AS (
+        UPDATE fairq.channel c
+           SET due_at = w.due_at,
+               turn_at = w.turn_at,
+               turn_seq = CASE WHEN w.turn_at IS NULL THEN NULL
+                               WHEN w.turn_at IS DISTINCT FROM c.turn_at THEN w.turn_seq
+                               ELSE c.turn_seq END
+          FROM (SELECT k.id, k.due_at, k.turn_seq,
+                       fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
+                                       k.in_flight, k.max_concurrency, k.woken_at) AS turn_at
+                  FROM (SELECT c.id, c.turn_at, c.last_release_at, c.release_interval_ms,
+                               c.in_flight, c.max_concurrency, LEAST(c.due_at, x.due_at) AS due_at,
+                               x.woken_at, x.turn_seq
+                          FROM fairq.channel c JOIN wake x ON x.channel_id = c.id
+                        OFFSET 0) k) w
+         WHERE c.id = w.id
+        RETURNING c.id
+    )
+    SELECT count(*) INTO v_taken FROM applied;
+    RETURN v_taken > 0;
 END
 $$;
 
@@ -741,8 +880,10 @@ COMMENT ON FUNCTION fairq.channel_clear(text) IS
 -- Invariants:
 --   * a producer holds only its channel's producer lock, and takes the row for an
 --     update only when its message must bring the channel's turn forward (the
---     channel had nothing due before it); on a backlogged channel, producers and
---     workers never wait for one another;
+--     channel had nothing due before it) and the row is free; a held row gets a
+--     queued wake instead (fairq.channels_wake). Producers never wait for a channel
+--     row, and on a backlogged channel producers and workers never wait for one
+--     another;
 --   * a dequeue never makes a channel less eligible while a producer holds that
 --     lock (see channels.sql), so a message committed later is never stranded;
 --   * a bounded channel admits a message only while its count is below max_size;
@@ -781,8 +922,10 @@ DECLARE
     v_names text[];
     v_channel_ids bigint[];
     v_bounded fairq.channel[];
+    v_wake_ids bigint[];
+    v_wake_due_ats timestamptz[];
     v_woken bigint[];
-    v_turn_seqs bigint[];
+    v_queued bigint[];
     v_channel fairq.channel;
     v_channel_of bigint[];   -- per element: its channel's id
     v_first_of integer[];    -- per element: the first element with its channel and dedup key
@@ -819,6 +962,11 @@ BEGIN
     IF v_bad IS NOT NULL THEN
         PERFORM fairq.require_dedup_key(p_dedup_keys[v_bad], format('p_dedup_keys[%s]', v_bad));
     END IF;
+    SELECT min(u.i) INTO v_bad FROM unnest(p_dequeue_ats) WITH ORDINALITY AS u(dequeue_at, i)
+     WHERE NOT isfinite(u.dequeue_at);
+    IF v_bad IS NOT NULL THEN
+        PERFORM fairq.require_finite(p_dequeue_ats[v_bad], format('p_dequeue_ats[%s]', v_bad));
+    END IF;
 
     -- Take every channel's producer lock (creating the channel on first use); it
     -- conflicts only with channel_set/channel_clear and with a dequeue deciding that
@@ -827,45 +975,18 @@ BEGIN
       INTO v_names, v_channel_ids
       FROM fairq.channels_for_producer(p_channels) AS c;
     -- Then move a channel's turn forward where the batch's earliest message for it is
-    -- due before everything it holds: lock those rows in channel id order, like every
-    -- fairq call that locks several channels (a row that changed meanwhile is checked
-    -- again), and update them in one statement, each woken channel taking its turn_seq
-    -- in id order. One statement, not one call per channel: producers of a batch over
-    -- many idle channels hold those rows until they commit, and other producers and
-    -- dequeues queue behind them. Doing this before inserting keeps the lock order
-    -- (channel, then size) and is harmless if nothing ends up created: a woken channel
-    -- that gets nothing is retired below.
-    v_woken := ARRAY(
-        SELECT c.id
-          FROM fairq.channel c
-          JOIN (SELECT u.channel, min(coalesce(u.dequeue_at, v_now)) AS earliest
-                  FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
-                 GROUP BY u.channel) e ON e.channel = c.name
-         WHERE c.id = ANY (v_channel_ids) AND fairq.needs_wake(c.due_at, e.earliest, v_now)
-         ORDER BY c.id
-           FOR NO KEY UPDATE OF c);
-    IF cardinality(v_woken) > 0 THEN
-        v_turn_seqs := ARRAY(SELECT nextval('fairq.turn_seq') FROM generate_series(1, cardinality(v_woken)));
-        UPDATE fairq.channel c
-           SET due_at = w.due_at,
-               turn_at = w.turn_at,
-               turn_seq = CASE WHEN w.turn_at IS NULL THEN NULL
-                               WHEN w.turn_at IS DISTINCT FROM c.turn_at
-                               THEN v_turn_seqs[array_position(v_woken, c.id)]
-                               ELSE c.turn_seq END
-          FROM (SELECT k.id, k.due_at,
-                       fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
-                                       k.in_flight, k.max_concurrency, v_now) AS turn_at
-                  FROM (SELECT c.id, c.turn_at, c.last_release_at, c.release_interval_ms,
-                               c.in_flight, c.max_concurrency, LEAST(c.due_at, e.earliest) AS due_at
-                          FROM fairq.channel c
-                          JOIN (SELECT u.channel, min(coalesce(u.dequeue_at, v_now)) AS earliest
-                                  FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
-                                 GROUP BY u.channel) e ON e.channel = c.name
-                         WHERE c.id = ANY (v_woken)
-                        OFFSET 0) k) w  -- keeps w.due_at a plain column, so next_turn is inlined
-         WHERE c.id = ANY (v_woken) AND c.id = w.id;
-    END IF;
+    -- due before everything it holds (fairq.channels_wake: rows another transaction
+    -- holds are not waited for, their wakes are queued). Doing so before inserting
+    -- keeps the lock order (channel, then size) and is harmless if nothing ends up
+    -- created: a woken channel that gets nothing is retired below.
+    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}'), coalesce(array_agg(e.earliest ORDER BY c.id), '{}')
+      INTO v_wake_ids, v_wake_due_ats
+      FROM unnest(v_names, v_channel_ids) AS c(name, id)
+      JOIN (SELECT u.channel, min(coalesce(u.dequeue_at, v_now)) AS earliest
+              FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
+             GROUP BY u.channel) e ON e.channel = c.name;
+    SELECT w.woken, w.queued INTO v_woken, v_queued
+      FROM fairq.channels_wake(v_wake_ids, v_wake_due_ats, v_now) AS w;
     v_bounded := ARRAY(SELECT c FROM fairq.channel c
                         WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL ORDER BY c.id);
 
@@ -966,7 +1087,7 @@ BEGIN
     PERFORM fairq.notify_event('created', c.name, min(u.id), min(coalesce(u.dequeue_at, v_now)))
        FROM unnest(v_channel_of, v_ids, v_statuses, p_dequeue_ats) AS u(channel_id, id, status, dequeue_at)
        JOIN unnest(v_names, v_channel_ids) AS c(name, id) ON c.id = u.channel_id
-      WHERE u.status = 'created' AND fairq.events_wanted(c.id = ANY (v_woken))
+      WHERE u.status = 'created' AND fairq.events_wanted(c.id = ANY (v_woken || v_queued))
       GROUP BY c.name;
 
     RETURN QUERY SELECT g.i::integer, v_ids[g.i], v_statuses[g.i] FROM generate_series(1, v_count) AS g(i);
@@ -989,12 +1110,14 @@ DECLARE
     v_now timestamptz := fairq.clock();
     v_due_at timestamptz := coalesce(p_dequeue_at, v_now);
     v_channel fairq.channel;
-    v_woken boolean := false;
+    v_woken boolean := false;  -- this call moved the channel's turn itself
+    v_wakes boolean := false;  -- ... or queued a wake for it
     v_id bigint;
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM fairq.require(p_content, 'p_content');
     PERFORM fairq.require_dedup_key(p_dedup_key, 'p_dedup_key');
+    PERFORM fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
     -- The producer lock first, as in the batch path: under it the row read next
     -- cannot be collected, and its max_size cannot change (channel_set takes the
     -- lock exclusively).
@@ -1016,8 +1139,9 @@ BEGIN
     -- message needs it, then look for a live message with the same dedup key, then
     -- insert; a channel woken for a duplicate is retired (its turn recomputed).
     IF fairq.needs_wake(v_channel.due_at, v_due_at, v_now) THEN
-        PERFORM fairq.channel_wake(v_channel.id, v_due_at, v_now);
-        v_woken := true;
+        SELECT cardinality(w.woken) > 0 INTO v_woken
+          FROM fairq.channels_wake(ARRAY[v_channel.id], ARRAY[v_due_at], v_now) AS w;
+        v_wakes := true;
     END IF;
     IF p_dedup_key IS NOT NULL THEN
         SELECT m.id INTO v_id FROM fairq.message m
@@ -1031,7 +1155,7 @@ BEGIN
         ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         RETURNING fairq.message.id INTO v_id;
         IF v_id IS NOT NULL THEN
-            IF fairq.events_wanted(v_woken) THEN
+            IF fairq.events_wanted(v_wakes) THEN
                 PERFORM fairq.notify_event('created', p_channel, v_id, v_due_at);
             END IF;
             RETURN QUERY SELECT v_id, 'created'::text;
@@ -1059,6 +1183,7 @@ COMMENT ON FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], i
 -- dequeue.sql — handing out messages: the whole scheduling algorithm.
 --
 -- One call, in order:
+--   0. Apply the channel wakes producers queued (fairq.apply_wakes; usually none).
 --   1. Recover expired locks (oldest first, at most p_max_messages per call): each
 --      message goes back to 'ready' in its channel, frees its concurrency slot and
 --      waits for the channel's next turn like any other message — a crash never lets
@@ -1224,11 +1349,16 @@ DECLARE
     v_attempts_capped boolean;
 BEGIN
     PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
+    -- Step 0. Wakes that producers queued instead of waiting for a busy channel row,
+    -- applied before the pick, so those channels take the turns the producers gave.
+    IF EXISTS (SELECT 1 FROM fairq.channel_wake) THEN
+        v_holds_locks := fairq.apply_wakes();
+    END IF;
     -- Step 1, when the earliest lock has expired (one probe of message_locked_ix).
     IF (SELECT m.id FROM fairq.message m
          WHERE m.status = 'locked' AND m.locked_until <= v_now
          ORDER BY m.locked_until LIMIT 1) IS NOT NULL THEN
-        v_holds_locks := fairq.recover_expired(v_now, p_max_messages) > 0;
+        v_holds_locks := fairq.recover_expired(v_now, p_max_messages) > 0 OR v_holds_locks;
     END IF;
 
     WHILE v_count < p_max_messages LOOP
@@ -1529,6 +1659,7 @@ DECLARE
 BEGIN
     PERFORM fairq.require(p_id, 'p_id');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
+    PERFORM fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
     IF (fairq.held_message(p_id, p_num_attempts)).id IS NULL THEN
         RETURN fairq.miss(p_id, 'stale');
     END IF;
@@ -1742,6 +1873,9 @@ AS $$
                (SELECT min(m.dequeue_at) FROM fairq.message m
                  WHERE m.channel_id = c.id AND m.status IN ('ready', 'scheduled')) AS earliest_due,
                (SELECT s.size FROM fairq.channel_size s WHERE s.channel_id = c.id) AS counted_size,
+               -- a queued wake (fairq.channels_wake) stands for due_at until applied
+               LEAST(c.due_at, (SELECT min(w.due_at) FROM fairq.channel_wake w
+                                 WHERE w.channel_id = c.id)) AS due_or_waking,
                (SELECT clock_timestamp() + shift FROM fairq.clock_offset) AS now
           FROM fairq.channel c
     )
@@ -1751,9 +1885,9 @@ AS $$
         (CASE WHEN t.in_flight <> fairq.slots(t.max_concurrency, t.locked::integer)
               THEN format('in_flight is %s but %s messages are locked (max_concurrency %s)',
                           t.in_flight, t.locked, t.max_concurrency) END),
-        (CASE WHEN t.due_at IS NULL AND t.earliest_due IS NOT NULL
+        (CASE WHEN t.due_or_waking IS NULL AND t.earliest_due IS NOT NULL
               THEN 'pending messages but no due_at: they would never be delivered' END),
-        (CASE WHEN t.due_at > GREATEST(t.earliest_due, t.now)
+        (CASE WHEN t.due_or_waking > GREATEST(t.earliest_due, t.now)
               THEN format('due_at %s is later than the earliest pending message (%s)', t.due_at, t.earliest_due) END),
         (CASE WHEN (t.turn_at IS NULL)
                    <> (t.due_at IS NULL OR coalesce(t.in_flight >= t.max_concurrency, false))
@@ -1767,6 +1901,11 @@ AS $$
               THEN 'channel_size row for a channel without max_size' END)
      ) AS p(problem)
      WHERE p.problem IS NOT NULL
+    UNION ALL
+    SELECT NULL, format('%s queued wakes belong to no channel', count(*))
+      FROM fairq.channel_wake w
+     WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = w.channel_id)
+    HAVING count(*) > 0
     UNION ALL
     SELECT NULL, format('%s messages belong to no channel', count(*))
       FROM fairq.message m

@@ -155,6 +155,8 @@ BEGIN
     IF NOT p_channel.has_policy AND p_channel.due_at IS NULL
        AND NOT EXISTS (SELECT 1 FROM fairq.message m
                         WHERE m.channel_id = p_channel.id AND m.status = 'locked')
+       AND NOT EXISTS (SELECT 1 FROM fairq.channel_wake w  -- pending, not yet due_at
+                        WHERE w.channel_id = p_channel.id)
        AND fairq.channel_quiet(p_channel.name) THEN
         DELETE FROM fairq.channel WHERE id = p_channel.id;
     END IF;
@@ -215,6 +217,112 @@ BEGIN
     v_channel := fairq.channel_lock(p_channel_id);
     v_channel.due_at := LEAST(v_channel.due_at, p_due_at);
     PERFORM fairq.channel_store(v_channel, p_now, true);
+END
+$$;
+
+-- For a producer holding the channels' producer locks: move forward the turns of
+-- those (p_channel_ids, each with the earliest due time its new messages need) that
+-- need it (fairq.needs_wake). The rows free right now are locked in id order and
+-- updated in one statement (woken). A row another transaction holds (a producer
+-- waking the same channel, a dequeue, a settlement) is not waited for: its wake is
+-- queued in fairq.channel_wake, committed with the producer's messages, and the next
+-- dequeue applies it (queued). So producers never queue behind each other on channel
+-- rows: a batch over many idle channels used to hold every row it had woken while it
+-- waited for the next one, and other producers waited for it in turn. Each channel
+-- takes its turn_seq in id order, woken ones first.
+CREATE FUNCTION fairq.channels_wake(p_channel_ids bigint[], p_due_ats timestamptz[],
+                                    p_now timestamptz, OUT woken bigint[], OUT queued bigint[])
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_needed bigint[] := ARRAY(
+        SELECT c.id FROM fairq.channel c
+          JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
+         WHERE c.id = ANY (p_channel_ids) AND fairq.needs_wake(c.due_at, e.due_at, p_now)
+         ORDER BY c.id);
+    v_turn_seqs bigint[];
+BEGIN
+    woken := ARRAY(
+        SELECT c.id FROM fairq.channel c
+          JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
+         WHERE c.id = ANY (v_needed) AND fairq.needs_wake(c.due_at, e.due_at, p_now)
+         ORDER BY c.id
+           FOR NO KEY UPDATE OF c SKIP LOCKED);
+    -- Skipped rows, and rows that changed and no longer need a wake (harmless: a
+    -- wake only ever moves a turn earlier).
+    queued := ARRAY(SELECT n.id FROM unnest(v_needed) AS n(id) WHERE n.id <> ALL (woken) ORDER BY n.id);
+    IF cardinality(v_needed) = 0 THEN
+        RETURN;
+    END IF;
+    v_turn_seqs := ARRAY(SELECT nextval('fairq.turn_seq') FROM generate_series(1, cardinality(v_needed)));
+    UPDATE fairq.channel c
+       SET due_at = w.due_at,
+           turn_at = w.turn_at,
+           turn_seq = CASE WHEN w.turn_at IS NULL THEN NULL
+                           WHEN w.turn_at IS DISTINCT FROM c.turn_at
+                           THEN v_turn_seqs[array_position(woken, c.id)]
+                           ELSE c.turn_seq END
+      FROM (SELECT k.id, k.due_at,
+                   fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
+                                   k.in_flight, k.max_concurrency, p_now) AS turn_at
+              FROM (SELECT c.id, c.turn_at, c.last_release_at, c.release_interval_ms,
+                           c.in_flight, c.max_concurrency, LEAST(c.due_at, e.due_at) AS due_at
+                      FROM fairq.channel c
+                      JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
+                     WHERE c.id = ANY (woken)
+                    OFFSET 0) k) w  -- keeps w.due_at a plain column, so next_turn is inlined
+     WHERE c.id = ANY (woken) AND c.id = w.id;
+    INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq)
+    SELECT q.id, e.due_at, p_now, v_turn_seqs[cardinality(woken) + q.pos]
+      FROM unnest(queued) WITH ORDINALITY AS q(id, pos)
+      JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = q.id;
+END
+$$;
+
+-- For a dequeue, before it picks: apply the queued wakes (fairq.channels_wake) of
+-- channels whose rows are free, as the producer would have: the channel's due_at
+-- moves to the earliest wake, its turn is computed as of the first wake and takes
+-- that wake's turn_seq. A channel whose row is held keeps its wakes for a later
+-- dequeue. True if it applied any (the caller then holds those channel rows).
+CREATE FUNCTION fairq.apply_wakes() RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_taken integer;
+BEGIN
+    WITH taken AS (
+        SELECT w.ctid AS wake, w.channel_id, w.due_at, w.woken_at, w.turn_seq
+          FROM fairq.channel_wake w
+          JOIN fairq.channel c ON c.id = w.channel_id
+         ORDER BY w.channel_id, w.turn_seq
+           FOR UPDATE OF w SKIP LOCKED
+           FOR NO KEY UPDATE OF c SKIP LOCKED
+    ), dropped AS (
+        DELETE FROM fairq.channel_wake w USING taken t WHERE w.ctid = t.wake
+    ), wake AS (
+        SELECT t.channel_id, min(t.due_at) AS due_at, min(t.woken_at) AS woken_at,
+               min(t.turn_seq) AS turn_seq
+          FROM taken t GROUP BY t.channel_id
+    ), applied AS (
+        UPDATE fairq.channel c
+           SET due_at = w.due_at,
+               turn_at = w.turn_at,
+               turn_seq = CASE WHEN w.turn_at IS NULL THEN NULL
+                               WHEN w.turn_at IS DISTINCT FROM c.turn_at THEN w.turn_seq
+                               ELSE c.turn_seq END
+          FROM (SELECT k.id, k.due_at, k.turn_seq,
+                       fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
+                                       k.in_flight, k.max_concurrency, k.woken_at) AS turn_at
+                  FROM (SELECT c.id, c.turn_at, c.last_release_at, c.release_interval_ms,
+                               c.in_flight, c.max_concurrency, LEAST(c.due_at, x.due_at) AS due_at,
+                               x.woken_at, x.turn_seq
+                          FROM fairq.channel c JOIN wake x ON x.channel_id = c.id
+                        OFFSET 0) k) w
+         WHERE c.id = w.id
+        RETURNING c.id
+    )
+    SELECT count(*) INTO v_taken FROM applied;
+    RETURN v_taken > 0;
 END
 $$;
 

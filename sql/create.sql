@@ -3,8 +3,10 @@
 -- Invariants:
 --   * a producer holds only its channel's producer lock, and takes the row for an
 --     update only when its message must bring the channel's turn forward (the
---     channel had nothing due before it); on a backlogged channel, producers and
---     workers never wait for one another;
+--     channel had nothing due before it) and the row is free; a held row gets a
+--     queued wake instead (fairq.channels_wake). Producers never wait for a channel
+--     row, and on a backlogged channel producers and workers never wait for one
+--     another;
 --   * a dequeue never makes a channel less eligible while a producer holds that
 --     lock (see channels.sql), so a message committed later is never stranded;
 --   * a bounded channel admits a message only while its count is below max_size;
@@ -43,8 +45,10 @@ DECLARE
     v_names text[];
     v_channel_ids bigint[];
     v_bounded fairq.channel[];
+    v_wake_ids bigint[];
+    v_wake_due_ats timestamptz[];
     v_woken bigint[];
-    v_turn_seqs bigint[];
+    v_queued bigint[];
     v_channel fairq.channel;
     v_channel_of bigint[];   -- per element: its channel's id
     v_first_of integer[];    -- per element: the first element with its channel and dedup key
@@ -81,6 +85,11 @@ BEGIN
     IF v_bad IS NOT NULL THEN
         PERFORM fairq.require_dedup_key(p_dedup_keys[v_bad], format('p_dedup_keys[%s]', v_bad));
     END IF;
+    SELECT min(u.i) INTO v_bad FROM unnest(p_dequeue_ats) WITH ORDINALITY AS u(dequeue_at, i)
+     WHERE NOT isfinite(u.dequeue_at);
+    IF v_bad IS NOT NULL THEN
+        PERFORM fairq.require_finite(p_dequeue_ats[v_bad], format('p_dequeue_ats[%s]', v_bad));
+    END IF;
 
     -- Take every channel's producer lock (creating the channel on first use); it
     -- conflicts only with channel_set/channel_clear and with a dequeue deciding that
@@ -89,45 +98,18 @@ BEGIN
       INTO v_names, v_channel_ids
       FROM fairq.channels_for_producer(p_channels) AS c;
     -- Then move a channel's turn forward where the batch's earliest message for it is
-    -- due before everything it holds: lock those rows in channel id order, like every
-    -- fairq call that locks several channels (a row that changed meanwhile is checked
-    -- again), and update them in one statement, each woken channel taking its turn_seq
-    -- in id order. One statement, not one call per channel: producers of a batch over
-    -- many idle channels hold those rows until they commit, and other producers and
-    -- dequeues queue behind them. Doing this before inserting keeps the lock order
-    -- (channel, then size) and is harmless if nothing ends up created: a woken channel
-    -- that gets nothing is retired below.
-    v_woken := ARRAY(
-        SELECT c.id
-          FROM fairq.channel c
-          JOIN (SELECT u.channel, min(coalesce(u.dequeue_at, v_now)) AS earliest
-                  FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
-                 GROUP BY u.channel) e ON e.channel = c.name
-         WHERE c.id = ANY (v_channel_ids) AND fairq.needs_wake(c.due_at, e.earliest, v_now)
-         ORDER BY c.id
-           FOR NO KEY UPDATE OF c);
-    IF cardinality(v_woken) > 0 THEN
-        v_turn_seqs := ARRAY(SELECT nextval('fairq.turn_seq') FROM generate_series(1, cardinality(v_woken)));
-        UPDATE fairq.channel c
-           SET due_at = w.due_at,
-               turn_at = w.turn_at,
-               turn_seq = CASE WHEN w.turn_at IS NULL THEN NULL
-                               WHEN w.turn_at IS DISTINCT FROM c.turn_at
-                               THEN v_turn_seqs[array_position(v_woken, c.id)]
-                               ELSE c.turn_seq END
-          FROM (SELECT k.id, k.due_at,
-                       fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
-                                       k.in_flight, k.max_concurrency, v_now) AS turn_at
-                  FROM (SELECT c.id, c.turn_at, c.last_release_at, c.release_interval_ms,
-                               c.in_flight, c.max_concurrency, LEAST(c.due_at, e.earliest) AS due_at
-                          FROM fairq.channel c
-                          JOIN (SELECT u.channel, min(coalesce(u.dequeue_at, v_now)) AS earliest
-                                  FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
-                                 GROUP BY u.channel) e ON e.channel = c.name
-                         WHERE c.id = ANY (v_woken)
-                        OFFSET 0) k) w  -- keeps w.due_at a plain column, so next_turn is inlined
-         WHERE c.id = ANY (v_woken) AND c.id = w.id;
-    END IF;
+    -- due before everything it holds (fairq.channels_wake: rows another transaction
+    -- holds are not waited for, their wakes are queued). Doing so before inserting
+    -- keeps the lock order (channel, then size) and is harmless if nothing ends up
+    -- created: a woken channel that gets nothing is retired below.
+    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}'), coalesce(array_agg(e.earliest ORDER BY c.id), '{}')
+      INTO v_wake_ids, v_wake_due_ats
+      FROM unnest(v_names, v_channel_ids) AS c(name, id)
+      JOIN (SELECT u.channel, min(coalesce(u.dequeue_at, v_now)) AS earliest
+              FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
+             GROUP BY u.channel) e ON e.channel = c.name;
+    SELECT w.woken, w.queued INTO v_woken, v_queued
+      FROM fairq.channels_wake(v_wake_ids, v_wake_due_ats, v_now) AS w;
     v_bounded := ARRAY(SELECT c FROM fairq.channel c
                         WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL ORDER BY c.id);
 
@@ -228,7 +210,7 @@ BEGIN
     PERFORM fairq.notify_event('created', c.name, min(u.id), min(coalesce(u.dequeue_at, v_now)))
        FROM unnest(v_channel_of, v_ids, v_statuses, p_dequeue_ats) AS u(channel_id, id, status, dequeue_at)
        JOIN unnest(v_names, v_channel_ids) AS c(name, id) ON c.id = u.channel_id
-      WHERE u.status = 'created' AND fairq.events_wanted(c.id = ANY (v_woken))
+      WHERE u.status = 'created' AND fairq.events_wanted(c.id = ANY (v_woken || v_queued))
       GROUP BY c.name;
 
     RETURN QUERY SELECT g.i::integer, v_ids[g.i], v_statuses[g.i] FROM generate_series(1, v_count) AS g(i);
@@ -251,12 +233,14 @@ DECLARE
     v_now timestamptz := fairq.clock();
     v_due_at timestamptz := coalesce(p_dequeue_at, v_now);
     v_channel fairq.channel;
-    v_woken boolean := false;
+    v_woken boolean := false;  -- this call moved the channel's turn itself
+    v_wakes boolean := false;  -- ... or queued a wake for it
     v_id bigint;
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM fairq.require(p_content, 'p_content');
     PERFORM fairq.require_dedup_key(p_dedup_key, 'p_dedup_key');
+    PERFORM fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
     -- The producer lock first, as in the batch path: under it the row read next
     -- cannot be collected, and its max_size cannot change (channel_set takes the
     -- lock exclusively).
@@ -278,8 +262,9 @@ BEGIN
     -- message needs it, then look for a live message with the same dedup key, then
     -- insert; a channel woken for a duplicate is retired (its turn recomputed).
     IF fairq.needs_wake(v_channel.due_at, v_due_at, v_now) THEN
-        PERFORM fairq.channel_wake(v_channel.id, v_due_at, v_now);
-        v_woken := true;
+        SELECT cardinality(w.woken) > 0 INTO v_woken
+          FROM fairq.channels_wake(ARRAY[v_channel.id], ARRAY[v_due_at], v_now) AS w;
+        v_wakes := true;
     END IF;
     IF p_dedup_key IS NOT NULL THEN
         SELECT m.id INTO v_id FROM fairq.message m
@@ -293,7 +278,7 @@ BEGIN
         ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         RETURNING fairq.message.id INTO v_id;
         IF v_id IS NOT NULL THEN
-            IF fairq.events_wanted(v_woken) THEN
+            IF fairq.events_wanted(v_wakes) THEN
                 PERFORM fairq.notify_event('created', p_channel, v_id, v_due_at);
             END IF;
             RETURN QUERY SELECT v_id, 'created'::text;

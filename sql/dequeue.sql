@@ -1,6 +1,7 @@
 -- dequeue.sql — handing out messages: the whole scheduling algorithm.
 --
 -- One call, in order:
+--   0. Apply the channel wakes producers queued (fairq.apply_wakes; usually none).
 --   1. Recover expired locks (oldest first, at most p_max_messages per call): each
 --      message goes back to 'ready' in its channel, frees its concurrency slot and
 --      waits for the channel's next turn like any other message — a crash never lets
@@ -166,11 +167,16 @@ DECLARE
     v_attempts_capped boolean;
 BEGIN
     PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
+    -- Step 0. Wakes that producers queued instead of waiting for a busy channel row,
+    -- applied before the pick, so those channels take the turns the producers gave.
+    IF EXISTS (SELECT 1 FROM fairq.channel_wake) THEN
+        v_holds_locks := fairq.apply_wakes();
+    END IF;
     -- Step 1, when the earliest lock has expired (one probe of message_locked_ix).
     IF (SELECT m.id FROM fairq.message m
          WHERE m.status = 'locked' AND m.locked_until <= v_now
          ORDER BY m.locked_until LIMIT 1) IS NOT NULL THEN
-        v_holds_locks := fairq.recover_expired(v_now, p_max_messages) > 0;
+        v_holds_locks := fairq.recover_expired(v_now, p_max_messages) > 0 OR v_holds_locks;
     END IF;
 
     WHILE v_count < p_max_messages LOOP

@@ -62,6 +62,9 @@ AS $$
                (SELECT min(m.dequeue_at) FROM fairq.message m
                  WHERE m.channel_id = c.id AND m.status IN ('ready', 'scheduled')) AS earliest_due,
                (SELECT s.size FROM fairq.channel_size s WHERE s.channel_id = c.id) AS counted_size,
+               -- a queued wake (fairq.channels_wake) stands for due_at until applied
+               LEAST(c.due_at, (SELECT min(w.due_at) FROM fairq.channel_wake w
+                                 WHERE w.channel_id = c.id)) AS due_or_waking,
                (SELECT clock_timestamp() + shift FROM fairq.clock_offset) AS now
           FROM fairq.channel c
     )
@@ -71,9 +74,9 @@ AS $$
         (CASE WHEN t.in_flight <> fairq.slots(t.max_concurrency, t.locked::integer)
               THEN format('in_flight is %s but %s messages are locked (max_concurrency %s)',
                           t.in_flight, t.locked, t.max_concurrency) END),
-        (CASE WHEN t.due_at IS NULL AND t.earliest_due IS NOT NULL
+        (CASE WHEN t.due_or_waking IS NULL AND t.earliest_due IS NOT NULL
               THEN 'pending messages but no due_at: they would never be delivered' END),
-        (CASE WHEN t.due_at > GREATEST(t.earliest_due, t.now)
+        (CASE WHEN t.due_or_waking > GREATEST(t.earliest_due, t.now)
               THEN format('due_at %s is later than the earliest pending message (%s)', t.due_at, t.earliest_due) END),
         (CASE WHEN (t.turn_at IS NULL)
                    <> (t.due_at IS NULL OR coalesce(t.in_flight >= t.max_concurrency, false))
@@ -87,6 +90,11 @@ AS $$
               THEN 'channel_size row for a channel without max_size' END)
      ) AS p(problem)
      WHERE p.problem IS NOT NULL
+    UNION ALL
+    SELECT NULL, format('%s queued wakes belong to no channel', count(*))
+      FROM fairq.channel_wake w
+     WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = w.channel_id)
+    HAVING count(*) > 0
     UNION ALL
     SELECT NULL, format('%s messages belong to no channel', count(*))
       FROM fairq.message m

@@ -201,6 +201,7 @@ DECLARE
 BEGIN
     PERFORM fairq.require(p_id, 'p_id');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
+    PERFORM fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
     IF (fairq.held_message(p_id, p_num_attempts)).id IS NULL THEN
         RETURN fairq.miss(p_id, 'stale');
     END IF;

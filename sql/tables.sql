@@ -49,6 +49,19 @@ ALTER SEQUENCE fairq.channel_id_seq OWNED BY fairq.channel.id;
 -- The dequeue's first lookup: the eligible channel whose turn is earliest.
 CREATE INDEX channel_turn_ix ON fairq.channel (turn_at, turn_seq) WHERE turn_at IS NOT NULL;
 
+-- Wakes a producer queued instead of waiting for a channel row that another
+-- transaction held (fairq.channels_wake): the channel's turn is due no later than
+-- due_at, from woken_at, with turn_seq. Committed with the producer's messages and
+-- applied, then deleted, by the next dequeue (fairq.apply_wakes). Usually empty.
+CREATE TABLE fairq.channel_wake (
+    channel_id bigint      NOT NULL,
+    due_at     timestamptz NOT NULL,
+    woken_at   timestamptz NOT NULL,
+    turn_seq   bigint      NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
+        autovacuum_vacuum_cost_delay = 0);
+CREATE INDEX channel_wake_channel_ix ON fairq.channel_wake (channel_id);
+
 -- Producers of a bounded channel serialise on this row, not on the channel row that
 -- dequeues lock, so an open producer transaction never hides a channel from workers.
 CREATE TABLE fairq.channel_size (
@@ -123,6 +136,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'fairq') THEN
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_size', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_wake', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.message', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.dead_letter', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.message_history', '');
@@ -137,6 +151,8 @@ COMMENT ON TYPE fairq.message_status IS
     'Where a message is: scheduled (not yet due), ready (due, ordered by priority), locked (handed out, in flight).';
 COMMENT ON TABLE fairq.channel IS
     'One row per channel (tenant): its policy, in-flight count and round-robin turn. Rows without a policy disappear when the channel is empty.';
+COMMENT ON TABLE fairq.channel_wake IS
+    'Channel wakes that producers queued because another transaction held the channel row; the next dequeue applies them. Usually empty.';
 COMMENT ON TABLE fairq.channel_size IS
     'Message count of each channel that has a max_size, in flight included.';
 COMMENT ON TABLE fairq.message IS

@@ -30,6 +30,21 @@ BEGIN
 END
 $$;
 
+-- A time a message becomes due. NULL is allowed and means now; 'infinity' and
+-- '-infinity' are refused: no message could ever be due at the one, and the other is
+-- a value many clients cannot read back.
+CREATE FUNCTION fairq.require_finite(p_value timestamptz, p_name text) RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF NOT isfinite(p_value) THEN
+        RAISE EXCEPTION '% must be a finite timestamp or NULL (now), got %', p_name, p_value
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN p_value;
+END
+$$;
+
 -- NULL is allowed and means "unlimited".
 CREATE FUNCTION fairq.require_limit(p_value bigint, p_name text) RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE

@@ -265,3 +265,75 @@ def test_held_snapshot_does_not_stop_the_queue(dsn: str, db: Any, logdir: Path) 
     assert drained
     assert completions == (total, total)
     assert db.execute("SELECT * FROM fairq.check()").fetchall() == []
+
+
+def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: Any) -> None:
+    """Batch producers over many sparse channels, with batch workers draining them as
+    fast as they fill: channels go idle and are woken again all the time, and a
+    producer that finds a channel's row held queues its wake instead of waiting
+    (fairq.channels_wake). Every created message is completed exactly once, the queue
+    and the queued wakes end empty, and the race did queue wakes."""
+    channels = [f"w{i}" for i in range(60)]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    created: list[int] = []
+    completed: list[int] = []
+    lock = threading.Lock()
+
+    def produce(seed: int) -> None:
+        rnd = random.Random(seed)
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                while not stop.is_set():
+                    names = [rnd.choice(channels) for _ in range(20)]
+                    rows = conn.execute("SELECT id FROM fairq.message_create_batch(%s, %s)",
+                                        (names, [b"x"] * len(names))).fetchall()
+                    with lock:
+                        created.extend(r[0] for r in rows)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def work() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                idle_since = None
+                while True:
+                    got = conn.execute("SELECT id, num_attempts FROM fairq.message_dequeue(30000, 10)"
+                                       ).fetchall()
+                    if got:
+                        idle_since = None
+                        done = conn.execute(
+                            "SELECT id FROM fairq.message_complete_batch(%s, %s)"
+                            " WHERE status = 'completed'",
+                            ([g[0] for g in got], [g[1] for g in got])).fetchall()
+                        with lock:
+                            completed.extend(d[0] for d in done)
+                    elif stop.is_set():
+                        idle_since = idle_since or time.monotonic()
+                        if time.monotonic() - idle_since > 1.0:
+                            return
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=produce, args=(i,)) for i in range(4)]
+    threads += [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(4)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    db.execute("SELECT pg_stat_clear_snapshot()")
+    queued = int(db.execute("SELECT n_tup_ins FROM pg_stat_user_tables"
+                            " WHERE relid = 'fairq.channel_wake'::regclass").fetchone()[0])
+    lost = set(created) - set(completed)
+    print(f"\nbatch producers on idle channels: created {len(created)}, completed"
+          f" {len(completed)}, lost {len(lost)}, completed twice"
+          f" {len(completed) - len(set(completed))}, wakes queued {queued}")
+    assert not lost
+    assert len(completed) == len(set(completed)) == len(created)
+    assert db.execute("SELECT count(*) FROM fairq.message").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (0,)
+    assert db.execute("SELECT * FROM fairq.check()").fetchall() == []
+    assert queued > 0, "the race never queued a wake: it did not test what it claims"

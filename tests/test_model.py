@@ -54,7 +54,7 @@ FENCE = st.sampled_from([0, 0, 0, 1, -1])  # num_attempts offset: nonzero gives 
 OPTIONAL_LIMIT = st.sampled_from([None, None, 1, 2, 3])
 
 RESET = """
-TRUNCATE fairq.message, fairq.channel, fairq.channel_size, fairq.dead_letter,
+TRUNCATE fairq.message, fairq.channel, fairq.channel_size, fairq.channel_wake, fairq.dead_letter,
          fairq.message_history;
 SELECT setval('fairq.message_id_seq', 1, false), setval('fairq.channel_id_seq', 1, false),
        setval('fairq.turn_seq', 1, false);

@@ -53,7 +53,7 @@ def test_one_batch_call_is_fair_within_the_same_instant(conn: Conn) -> None:
 def test_batch_dequeue_equals_single_dequeues(dsn: str) -> None:
     def run(batch: bool) -> list[tuple[str, bytes]]:
         with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute("TRUNCATE fairq.message, fairq.channel")
+            c.execute("TRUNCATE fairq.message, fairq.channel, fairq.channel_wake")
             for ch, n in (("a", 5), ("b", 3), ("c", 6)):
                 for i in range(n):
                     create(c, ch, f"{ch}{i}".encode(), priority=i % 3)

@@ -186,6 +186,13 @@ CASES: dict[str, Case] = {
     "message_create_batch: dequeue_ats of other length": Case(
         "SELECT * FROM fairq.message_create_batch('{bounded,free}', '{x,y}',"
         " p_dequeue_ats => ARRAY[now()])", INVALID, "p_dequeue_ats"),
+    "message_create_batch: infinite dequeue_at element": Case(
+        "SELECT * FROM fairq.message_create_batch('{bounded,free}', '{x,y}',"
+        " p_dequeue_ats => ARRAY[now(), '-infinity'])", INVALID, "p_dequeue_ats[2]"),
+    "message_create: infinite dequeue_at": Case(
+        "SELECT * FROM fairq.message_create('free', 'x', 'infinity')", INVALID, "p_dequeue_at"),
+    "message_create: minus infinite dequeue_at": Case(
+        "SELECT * FROM fairq.message_create('free', 'x', '-infinity')", INVALID, "p_dequeue_at"),
     "message_create_batch: priorities of other length": Case(
         "SELECT * FROM fairq.message_create_batch('{bounded,free}', '{x,y}',"
         " p_priorities => '{1,2,3}')", INVALID, "p_priorities"),
@@ -239,6 +246,8 @@ CASES: dict[str, Case] = {
         "SELECT * FROM fairq.message_complete_batch(ARRAY[[%(locked)s::bigint, -1], [-2, -3]],"
         " ARRAY[%(att)s::bigint, 1, 1, 1])", INVALID, "p_ids"),
     # message_defer
+    "message_defer: infinite dequeue_at": Case(
+        "SELECT fairq.message_defer(%(locked)s, %(att)s, 'infinity')", INVALID, "p_dequeue_at"),
     "message_defer: NULL id": Case(
         "SELECT fairq.message_defer(NULL, %(att)s)", NOT_NULL, "p_id"),
     "message_defer: NULL num_attempts": Case(
@@ -483,7 +492,7 @@ def test_fuzzed_arguments_give_a_result_or_a_documented_error(
     Anything else (22008 datetime overflow, 54000 index row too big, XX000, 42xxx...)
     is a bug. Whatever happened, the queue's invariants still hold."""
     # Each example starts from an empty queue, so that it replays deterministically.
-    conn.execute("TRUNCATE fairq.channel, fairq.channel_size, fairq.message, fairq.dead_letter,"
+    conn.execute("TRUNCATE fairq.channel, fairq.channel_size, fairq.channel_wake, fairq.message, fairq.dead_letter,"
                  " fairq.message_history")
     for fn, args in calls:
         sql, names, int_ranges, _ = FUZZED[fn]

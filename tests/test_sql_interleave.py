@@ -192,30 +192,35 @@ def test_two_producers_racing_on_one_dedup_key_create_it_once(
     assert dequeue(conn) == []
 
 
-def turn(conn: Conn, name: str) -> tuple[Any, ...] | None:
-    return conn.execute("SELECT turn_at, turn_seq FROM fairq.channel WHERE name = %s",
-                        (name,)).fetchone()
-
-
-def test_batch_producer_waiting_on_a_channel_another_producer_wakes(
-        dsn: str, conn: Conn, other: Conn) -> None:
-    """A batch wakes all its idle channels in one locking statement, in channel id
-    order. When another producer is waking one of them, the batch waits for that row,
-    checks it again once the other commits (it is due now: no second wake), and its
-    messages are delivered in the turns both producers gave: the channel woken first
-    goes first."""
+@pytest.mark.parametrize("first", ["commits", "rolls back"])
+def test_batch_producer_does_not_wait_for_a_channel_another_producer_wakes(
+        dsn: str, conn: Conn, other: Conn, first: str) -> None:
+    """A batch wakes the idle channels whose rows are free and queues a wake for a row
+    that another transaction holds, instead of waiting for it. The next dequeue
+    applies the queued wake: if the first producer commits, the channel keeps the
+    earlier turn that producer gave it; if it rolls back, the queued wake alone
+    brings the batch's message to its turn. Either way nothing is stranded."""
     for name in ("a", "b"):  # policies keep the empty channels' rows: both are idle
         conn.execute("SELECT fairq.channel_set(%s, p_max_attempts => 5)", (name,))
-    with open_transaction(other):
+    with other.transaction():
         assert create_many(other, ["b"])[0][2] == "created"  # wakes b, holds its row
         batch = Background(dsn, lambda c: create_many(c, ["a", "b", "a"]))
-        assert batch.blocked(0.3), "the batch should wait for b's row"
-        turn_of_b = turn(other, "b")
-    assert [status for _, _, status in batch.join()] == ["created"] * 3
-    assert turn(conn, "b") == turn_of_b
-    assert problems(conn) == []
-    assert channels_of(dequeue(conn, n=10)) == ["b", "a", "b", "a"]
+        assert not batch.blocked(5.0), "the batch must not wait for b's row"
+        assert [status for _, _, status in batch.join()] == ["created"] * 3
+        queued = conn.execute("SELECT count(*) FROM fairq.channel_wake w"
+                              " JOIN fairq.channel c ON c.id = w.channel_id"
+                              " WHERE c.name = 'b'").fetchone()
+        assert queued == (1,)
+        assert problems(conn) == []  # a queued wake counts as the channel's due_at
+        if first == "rolls back":
+            raise psycopg.Rollback()
+    # Committed, b keeps the turn it took first (before a's); rolled back, the queued
+    # wake gives b the batch's turn, after a's.
+    expected = ["b", "a", "b", "a"] if first == "commits" else ["a", "b", "a"]
+    assert channels_of(dequeue(conn, n=10)) == expected
+    assert conn.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (0,)
     assert dequeue(conn) == []
+    assert problems(conn) == []
 
 
 def test_concurrent_dequeues_spread_over_channels_without_waiting(dsn: str, conn: Conn, other: Conn) -> None:

@@ -55,11 +55,19 @@ def statements(script: str) -> tuple[dict[str, str], dict[str, str], str]:
 
 
 def signature(definition: str) -> str:
-    """The argument types of a CREATE FUNCTION, without names and defaults."""
+    """The input argument types of a CREATE FUNCTION, without names, modes and defaults."""
     match = FUNCTION.match(definition)
     assert match
     args = [a.strip() for a in re.split(r",(?![^(]*\))", match.group(2)) if a.strip()]
-    types = [re.sub(r"\s+DEFAULT\s+.*$", "", a, flags=re.S).split(None, 1)[1] for a in args]
+    types = []
+    for arg in args:
+        arg = re.sub(r"\s+DEFAULT\s+.*$", "", arg, flags=re.S)
+        mode, _, rest = arg.partition(" ")
+        if mode.upper() == "OUT":  # results, not part of the function's identity
+            continue
+        if mode.upper() in ("IN", "INOUT"):
+            arg = rest.strip()
+        types.append(arg.split(None, 1)[1])
     return ", ".join(types)
 
 

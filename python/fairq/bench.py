@@ -277,8 +277,8 @@ END;
 $$ LANGUAGE plpgsql;
 """
 
-FAIRQ_TABLES = ("fairq.message", "fairq.channel", "fairq.channel_size", "fairq.dead_letter",
-                "fairq.message_history")
+FAIRQ_TABLES = ("fairq.message", "fairq.channel", "fairq.channel_size", "fairq.channel_wake",
+                "fairq.dead_letter", "fairq.message_history")
 
 
 def prepare_database(dsn: str) -> None:
