@@ -223,6 +223,40 @@ def test_batch_producer_does_not_wait_for_a_channel_another_producer_wakes(
     assert problems(conn) == []
 
 
+def test_channel_collected_while_a_producer_queues_its_wake_keeps_the_message(
+        dsn: str, conn: Conn, other: Conn) -> None:
+    """A completion that empties a channel collects it while holding its row. A
+    producer meanwhile queues the channel's wake (it does not wait for the row) and
+    commits before the completion takes the producer lock. The collection must look
+    again under that lock and keep the channel: the message is delivered. The window
+    is microseconds wide in production (the full soak hit it once in 10^6 messages);
+    here fairq.channel_quiet is slowed down to hold it open."""
+    create(conn, "x", b"first")
+    first = dequeue_one(conn)
+    assert first is not None  # x is now idle: nothing due, one message in flight
+    original = conn.execute(
+        "SELECT pg_get_functiondef('fairq.channel_quiet(text)'::regprocedure)").fetchone()
+    assert original is not None
+    conn.execute("""
+        CREATE OR REPLACE FUNCTION fairq.channel_quiet(p_channel text) RETURNS boolean
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_sleep(0.6);  -- the producer commits meanwhile
+            RETURN pg_try_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
+        END $$""")
+    try:
+        completion = Background(dsn, lambda c: complete(c, first))
+        assert completion.blocked(0.2), "the completion should be collecting x"
+        created = create(other, "x", b"second")  # x's row is held: the wake is queued
+        assert created[1] == "created"
+        assert completion.join() == "completed"
+    finally:
+        conn.execute(original[0])
+    assert problems(conn) == []
+    got = dequeue(conn)
+    assert [d.id for d in got] == [created[0]]
+
+
 def test_concurrent_dequeues_spread_over_channels_without_waiting(dsn: str, conn: Conn, other: Conn) -> None:
     create_many(conn, ["a", "a", "b", "b"])
     with open_transaction(other):
