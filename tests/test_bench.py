@@ -8,7 +8,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import psycopg
@@ -16,6 +21,7 @@ import pytest
 
 from fairq import bench
 from fairq.bench_plots import write_plots
+from fairq.cluster import Cluster
 
 KEYS = (
     "floor_msgs_per_s", "fifo_msgs_per_s", "cycle_msgs_per_s", "cycle_vs_floor",
@@ -105,3 +111,31 @@ def test_producers_pause_while_the_backlog_is_at_its_bound(dsn: str, tmp_path: P
     # produced minus the little consumed (about 40 times the gated one here).
     assert held["backlog_after"] < held["produced"] / 3, held
     assert held["backlog_after"] * 5 < free["backlog_after"], (held, free)
+
+
+def test_sigterm_removes_the_throwaway_cluster() -> None:
+    """`kill` (or a CI timeout) ends a bench like Ctrl-C: its own cluster is stopped
+    and its directory removed, not left running."""
+    base = Path(tempfile.mkdtemp(prefix="fairq-bench-test-"))
+    base.chmod(0o755)  # the cluster's files belong to the postgres user when run as root
+    proc = None
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fairq.bench", "--sizes", "tiny", "--only", "soak"],
+            env={**os.environ, "TMPDIR": str(base)}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:  # wait until the cluster is up and the run has begun
+            if "fairq bench (tiny) against" in line:
+                break
+        clusters = list(base.glob("fairq-pg-*"))
+        assert len(clusters) == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 130
+        assert not clusters[0].exists()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        for left in base.glob("fairq-pg-*"):  # a failed run must not leak a server
+            Cluster(base=left).remove()
+        shutil.rmtree(base, ignore_errors=True)

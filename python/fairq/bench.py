@@ -39,6 +39,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -1228,6 +1229,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     sizes = {"full": FULL, "quick": QUICK, "tiny": TINY}[args.sizes or
@@ -1239,6 +1244,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = Progress()
     cluster = None
+    # SIGTERM (a CI timeout, `kill`) ends the run like Ctrl-C: the throwaway cluster
+    # is removed on the way out instead of being left running.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         if args.dsn:
             dsn, where = args.dsn, "external (--dsn)"
@@ -1259,6 +1267,7 @@ def main(argv: list[str] | None = None) -> int:
         print("fairq bench: interrupted", file=sys.stderr)
         return 130
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if cluster is not None:
             cluster.remove()
     results = _clean(results)
