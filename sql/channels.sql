@@ -212,31 +212,49 @@ AS $$
     SELECT p_channel_due_at IS NULL OR (p_due_at < p_channel_due_at AND p_channel_due_at > p_now)
 $$;
 
--- A message became pending on the channel at p_due_at (create, defer, retry): make
--- sure the channel has a turn no later than the message needs.
-CREATE FUNCTION fairq.channel_wake(p_channel_id bigint, p_due_at timestamptz, p_now timestamptz)
+-- Wakes for channel rows the caller holds: each channel's due_at moves to its wake's
+-- due time if that is earlier, and its turn is recomputed as of woken_at, keeping an
+-- earlier turn (the set-based form of channel_store with p_keep_turn). A channel
+-- whose turn changes takes the wake's turn_seq. Serves the producers that wake
+-- channels (fairq.channels_wake) and the dequeues that apply queued wakes
+-- (fairq.apply_wakes).
+CREATE FUNCTION fairq.channels_store_wakes(p_channel_ids bigint[], p_due_ats timestamptz[],
+                                           p_woken_ats timestamptz[], p_turn_seqs bigint[])
 RETURNS void
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    v_channel fairq.channel;
 BEGIN
-    v_channel := fairq.channel_lock(p_channel_id);
-    v_channel.due_at := LEAST(v_channel.due_at, p_due_at);
-    PERFORM fairq.channel_store(v_channel, p_now, true);
+    UPDATE fairq.channel c
+       SET due_at = w.due_at,
+           turn_at = w.turn_at,
+           turn_seq = CASE WHEN w.turn_at IS NULL THEN NULL
+                           WHEN w.turn_at IS DISTINCT FROM c.turn_at THEN w.turn_seq
+                           ELSE c.turn_seq END
+      FROM (SELECT k.id, k.due_at, k.turn_seq,
+                   fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
+                                   k.in_flight, k.max_concurrency, k.woken_at) AS turn_at
+              FROM (SELECT c.id, c.turn_at, c.last_release_at, c.release_interval_ms,
+                           c.in_flight, c.max_concurrency, LEAST(c.due_at, u.due_at) AS due_at,
+                           u.woken_at, u.turn_seq
+                      FROM unnest(p_channel_ids, p_due_ats, p_woken_ats, p_turn_seqs)
+                           AS u(id, due_at, woken_at, turn_seq)
+                      JOIN fairq.channel c ON c.id = u.id
+                     WHERE c.id = ANY (p_channel_ids)
+                    OFFSET 0) k) w  -- keeps w.due_at a plain column, so next_turn is inlined
+     WHERE c.id = ANY (p_channel_ids) AND c.id = w.id;
 END
 $$;
 
--- For a producer holding the channels' producer locks: move forward the turns of
--- those (p_channel_ids, each with the earliest due time its new messages need) that
--- need it (fairq.needs_wake). The rows free right now are locked in id order and
--- updated in one statement (woken). A row another transaction holds (a producer
--- waking the same channel, a dequeue, a settlement) is not waited for: its wake is
--- queued in fairq.channel_wake, committed with the producer's messages, and the next
--- dequeue applies it (queued). So producers never queue behind each other on channel
--- rows: a batch over many idle channels used to hold every row it had woken while it
--- waited for the next one, and other producers waited for it in turn. Each channel
--- takes its turn_seq in id order, woken ones first.
+-- For a producer holding the channels' producer locks (create, dead-letter retry):
+-- move forward the turns of those (p_channel_ids, each with the earliest due time its
+-- new messages need) that need it (fairq.needs_wake). The rows free right now are
+-- locked in id order and updated (woken). A row another transaction holds (a
+-- producer waking the same channel, a dequeue, a settlement) is not waited for: its
+-- wake is queued in fairq.channel_wake, committed with the producer's messages, and
+-- the next dequeue applies it (queued). So producers never queue behind each other on
+-- channel rows: a batch over many idle channels used to hold every row it had woken
+-- while it waited for the next one, and other producers waited for it in turn. Each
+-- channel takes its turn_seq in id order, woken ones first.
 CREATE FUNCTION fairq.channels_wake(p_channel_ids bigint[], p_due_ats timestamptz[],
                                     p_now timestamptz, OUT woken bigint[], OUT queued bigint[])
 LANGUAGE plpgsql
@@ -249,6 +267,11 @@ DECLARE
          ORDER BY c.id);
     v_turn_seqs bigint[];
 BEGIN
+    woken := '{}';
+    queued := '{}';
+    IF cardinality(v_needed) = 0 THEN  -- a backlogged channel: the usual case
+        RETURN;
+    END IF;
     woken := ARRAY(
         SELECT c.id FROM fairq.channel c
           JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
@@ -258,27 +281,12 @@ BEGIN
     -- Skipped rows, and rows that changed and no longer need a wake (harmless: a
     -- wake only ever moves a turn earlier).
     queued := ARRAY(SELECT n.id FROM unnest(v_needed) AS n(id) WHERE n.id <> ALL (woken) ORDER BY n.id);
-    IF cardinality(v_needed) = 0 THEN
-        RETURN;
-    END IF;
     v_turn_seqs := ARRAY(SELECT nextval('fairq.turn_seq') FROM generate_series(1, cardinality(v_needed)));
-    UPDATE fairq.channel c
-       SET due_at = w.due_at,
-           turn_at = w.turn_at,
-           turn_seq = CASE WHEN w.turn_at IS NULL THEN NULL
-                           WHEN w.turn_at IS DISTINCT FROM c.turn_at
-                           THEN v_turn_seqs[array_position(woken, c.id)]
-                           ELSE c.turn_seq END
-      FROM (SELECT k.id, k.due_at,
-                   fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
-                                   k.in_flight, k.max_concurrency, p_now) AS turn_at
-              FROM (SELECT c.id, c.turn_at, c.last_release_at, c.release_interval_ms,
-                           c.in_flight, c.max_concurrency, LEAST(c.due_at, e.due_at) AS due_at
-                      FROM fairq.channel c
-                      JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
-                     WHERE c.id = ANY (woken)
-                    OFFSET 0) k) w  -- keeps w.due_at a plain column, so next_turn is inlined
-     WHERE c.id = ANY (woken) AND c.id = w.id;
+    PERFORM fairq.channels_store_wakes(array_agg(e.id ORDER BY w.pos), array_agg(e.due_at ORDER BY w.pos),
+                                       array_agg(p_now ORDER BY w.pos),
+                                       array_agg(v_turn_seqs[w.pos] ORDER BY w.pos))
+       FROM unnest(woken) WITH ORDINALITY AS w(id, pos)
+       JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = w.id;
     INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq)
     SELECT q.id, e.due_at, p_now, v_turn_seqs[cardinality(woken) + q.pos]
       FROM unnest(queued) WITH ORDINALITY AS q(id, pos)
@@ -295,7 +303,10 @@ CREATE FUNCTION fairq.apply_wakes() RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_taken integer;
+    v_channel_ids bigint[];
+    v_due_ats timestamptz[];
+    v_woken_ats timestamptz[];
+    v_turn_seqs bigint[];
 BEGIN
     WITH taken AS (
         SELECT w.ctid AS wake, w.channel_id, w.due_at, w.woken_at, w.turn_seq
@@ -306,30 +317,18 @@ BEGIN
            FOR NO KEY UPDATE OF c SKIP LOCKED
     ), dropped AS (
         DELETE FROM fairq.channel_wake w USING taken t WHERE w.ctid = t.wake
-    ), wake AS (
-        SELECT t.channel_id, min(t.due_at) AS due_at, min(t.woken_at) AS woken_at,
-               min(t.turn_seq) AS turn_seq
-          FROM taken t GROUP BY t.channel_id
-    ), applied AS (
-        UPDATE fairq.channel c
-           SET due_at = w.due_at,
-               turn_at = w.turn_at,
-               turn_seq = CASE WHEN w.turn_at IS NULL THEN NULL
-                               WHEN w.turn_at IS DISTINCT FROM c.turn_at THEN w.turn_seq
-                               ELSE c.turn_seq END
-          FROM (SELECT k.id, k.due_at, k.turn_seq,
-                       fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
-                                       k.in_flight, k.max_concurrency, k.woken_at) AS turn_at
-                  FROM (SELECT c.id, c.turn_at, c.last_release_at, c.release_interval_ms,
-                               c.in_flight, c.max_concurrency, LEAST(c.due_at, x.due_at) AS due_at,
-                               x.woken_at, x.turn_seq
-                          FROM fairq.channel c JOIN wake x ON x.channel_id = c.id
-                        OFFSET 0) k) w
-         WHERE c.id = w.id
-        RETURNING c.id
     )
-    SELECT count(*) INTO v_taken FROM applied;
-    RETURN v_taken > 0;
+    SELECT coalesce(array_agg(g.channel_id), '{}'), array_agg(g.due_at), array_agg(g.woken_at),
+           array_agg(g.turn_seq)
+      INTO v_channel_ids, v_due_ats, v_woken_ats, v_turn_seqs
+      FROM (SELECT t.channel_id, min(t.due_at) AS due_at, min(t.woken_at) AS woken_at,
+                   min(t.turn_seq) AS turn_seq
+              FROM taken t GROUP BY t.channel_id) g;
+    IF cardinality(v_channel_ids) = 0 THEN
+        RETURN false;
+    END IF;
+    PERFORM fairq.channels_store_wakes(v_channel_ids, v_due_ats, v_woken_ats, v_turn_seqs);
+    RETURN true;
 END
 $$;
 

@@ -94,8 +94,9 @@ BEGIN
     -- Take every channel's producer lock (creating the channel on first use); it
     -- conflicts only with channel_set/channel_clear and with a dequeue deciding that
     -- a channel is empty, each of which holds it for one short call.
-    SELECT coalesce(array_agg(c.name ORDER BY c.id), '{}'), coalesce(array_agg(c.id ORDER BY c.id), '{}')
-      INTO v_names, v_channel_ids
+    SELECT coalesce(array_agg(c.name ORDER BY c.id), '{}'), coalesce(array_agg(c.id ORDER BY c.id), '{}'),
+           coalesce(array_agg(c ORDER BY c.id) FILTER (WHERE c.max_size IS NOT NULL), '{}')
+      INTO v_names, v_channel_ids, v_bounded
       FROM fairq.channels_for_producer(p_channels) AS c;
     -- Then move a channel's turn forward where the batch's earliest message for it is
     -- due before everything it holds (fairq.channels_wake: rows another transaction
@@ -110,8 +111,6 @@ BEGIN
              GROUP BY u.channel) e ON e.channel = c.name;
     SELECT w.woken, w.queued INTO v_woken, v_queued
       FROM fairq.channels_wake(v_wake_ids, v_wake_due_ats, v_now) AS w;
-    v_bounded := ARRAY(SELECT c FROM fairq.channel c
-                        WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL ORDER BY c.id);
 
     SELECT array_agg(e.channel_id ORDER BY e.i), array_agg(e.first_of ORDER BY e.i)
       INTO v_channel_of, v_first_of

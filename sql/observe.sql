@@ -77,7 +77,7 @@ AS $$
         (CASE WHEN t.due_or_waking IS NULL AND t.earliest_due IS NOT NULL
               THEN 'pending messages but no due_at: they would never be delivered' END),
         (CASE WHEN t.due_or_waking > GREATEST(t.earliest_due, t.now)
-              THEN format('due_at %s is later than the earliest pending message (%s)', t.due_at, t.earliest_due) END),
+              THEN format('due_at %s is later than the earliest pending message (%s)', t.due_or_waking, t.earliest_due) END),
         (CASE WHEN (t.turn_at IS NULL)
                    <> (t.due_at IS NULL OR coalesce(t.in_flight >= t.max_concurrency, false))
               THEN format('turn_at %s does not match due_at %s, in_flight %s and max_concurrency %s',

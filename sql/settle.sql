@@ -322,7 +322,7 @@ BEGIN
     END IF;
     -- An operator's retry is not subject to max_size, and carries no dedup key.
     SELECT * INTO v_channel FROM fairq.channels_for_producer(ARRAY[v_dead.channel]);
-    PERFORM fairq.channel_wake(v_channel.id, v_now, v_now);
+    PERFORM fairq.channels_wake(ARRAY[v_channel.id], ARRAY[v_now], v_now);
     PERFORM fairq.channel_resize(v_channel, 1, false);
     INSERT INTO fairq.message (id, channel_id, status, priority, dequeue_at, created_at, content, state)
     VALUES (v_dead.id, v_channel.id, 'ready', v_dead.priority, v_now, v_dead.created_at,
