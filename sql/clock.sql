@@ -3,7 +3,9 @@
 -- Invariants:
 --   * time is the server's clock at the moment of the call (clock_timestamp()),
 --     read once per call, never the transaction's start time: a producer inside a
---     long transaction still schedules against real time;
+--     long transaction still schedules against real time. One exception: a dequeue
+--     whose pick finds nothing eligible reads it again before it answers "empty"
+--     (dequeue.sql, step 2), since other calls give turns at their own clocks;
 --   * durations are whole milliseconds (bigint) turned into intervals exactly,
 --     never through a hand-rolled epoch;
 --   * tests may shift the clock forward or back with fairq.clock_travel(); only the

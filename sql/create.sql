@@ -41,7 +41,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := fairq.clock();
-    v_count integer := cardinality(fairq.require(p_channels, 'p_channels'));
+    v_count integer := fairq.require_batch_array(fairq.require(p_channels, 'p_channels'), 'p_channels');
     v_names text[];
     v_channel_ids bigint[];
     v_bounded fairq.channel[];
@@ -62,13 +62,11 @@ DECLARE
     v_bad integer;
     i integer;
 BEGIN
-    PERFORM fairq.require(p_contents, 'p_contents');
-    IF array_ndims(p_channels) > 1 OR cardinality(p_contents) <> v_count
-       OR cardinality(p_dequeue_ats) <> v_count OR cardinality(p_priorities) <> v_count
-       OR cardinality(p_dedup_keys) <> v_count THEN
-        RAISE EXCEPTION 'p_contents, p_dequeue_ats, p_priorities and p_dedup_keys must be NULL or one-dimensional arrays as long as p_channels (%)', v_count
-            USING ERRCODE = '22023';
-    END IF;
+    PERFORM fairq.require_batch_array(fairq.require(p_contents, 'p_contents'), 'p_contents', v_count, 'p_channels');
+    PERFORM fairq.require_batch_array(p_dequeue_ats, 'p_dequeue_ats', v_count, 'p_channels');
+    PERFORM fairq.require_batch_array(p_priorities, 'p_priorities', v_count, 'p_channels');
+    PERFORM fairq.require_batch_array(p_dedup_keys, 'p_dedup_keys', v_count, 'p_channels');
+    -- Each element as message_create checks its argument, the first bad one named.
     SELECT min(u.i) INTO v_bad
       FROM unnest(p_channels) WITH ORDINALITY AS u(channel, i)
      WHERE u.channel IS NULL OR u.channel = '' OR octet_length(u.channel) > 255;

@@ -11,10 +11,12 @@
 --      still wanted: one index scan of channel_turn_ix ((turn_at, turn_seq) WHERE
 --      turn_at IS NOT NULL). Channels at max_concurrency, rate-limited channels and
 --      channels with nothing due have no turn or a future one, so they cost nothing.
---      SKIP LOCKED spreads concurrent dequeues over channels; if every eligible
---      channel is busy with another call, a call that holds no lock yet waits briefly
---      for one to be released and picks again, instead of answering "empty" while
---      work is waiting.
+--      SKIP LOCKED spreads concurrent dequeues over channels. A pick that finds
+--      nothing reads the clock again and picks once more: a call that started later
+--      may have served a channel meanwhile and put its next turn at that later time.
+--      If every eligible channel is busy with another call, a call that holds no lock
+--      yet waits briefly for one to be released and picks again (with a new clock),
+--      instead of answering "empty" while work is waiting.
 --   3. In those channels, promote scheduled messages that have come due to 'ready'
 --      (so priority orders everything due, and a future message waits however
 --      urgent), bury heads that would exceed max_attempts, then lock each channel's
@@ -32,6 +34,26 @@
 -- A dequeue should run in its own transaction: it locks the channels it serves
 -- until commit.
 
+-- The max_attempts rule, for steps 1 and 3: a message may be handed out while the
+-- deliveries since it was created or last retried from the dead letters
+-- (num_attempts - attempts_at_retry) are fewer than its channel's max_attempts.
+-- num_attempts itself never goes back: it is the fencing token, and a holder from
+-- before a retry must stay fenced out. Returns NULL while the message may be handed
+-- out again, else why it dies (for its dead letter's error).
+CREATE FUNCTION fairq.attempts_exhausted(p_num_attempts bigint, p_attempts_at_retry bigint,
+                                         p_max_attempts integer, p_lock_expired boolean) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN p_max_attempts IS NULL OR p_num_attempts - p_attempts_at_retry < p_max_attempts THEN NULL
+        WHEN p_lock_expired THEN format('lock expired on delivery %s of max_attempts %s',
+                                        p_num_attempts - p_attempts_at_retry, p_max_attempts)
+        ELSE format('max_attempts %s reached after %s deliveries', p_max_attempts,
+                    p_num_attempts - p_attempts_at_retry)
+    END || CASE WHEN p_attempts_at_retry > 0
+                THEN format(' since the last retry (%s in all)', p_num_attempts) ELSE '' END
+$$;
+
 -- Step 1. Returns how many expired locks it settled.
 CREATE FUNCTION fairq.recover_expired(p_now timestamptz, p_limit integer) RETURNS integer
 LANGUAGE plpgsql
@@ -39,6 +61,7 @@ AS $$
 DECLARE
     v_message fairq.message;
     v_channel fairq.channel;
+    v_exhausted text;
     v_count integer := 0;
 BEGIN
     FOR v_message IN
@@ -51,11 +74,11 @@ BEGIN
         SELECT * INTO v_channel FROM fairq.channel
          WHERE id = v_message.channel_id FOR NO KEY UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND; -- its channel is busy; a later dequeue recovers it
-        IF v_channel.max_attempts IS NOT NULL AND v_message.num_attempts >= v_channel.max_attempts THEN
+        v_exhausted := fairq.attempts_exhausted(v_message.num_attempts, v_message.attempts_at_retry,
+                                                v_channel.max_attempts, true);
+        IF v_exhausted IS NOT NULL THEN
             DELETE FROM fairq.message WHERE id = v_message.id;
-            PERFORM fairq.bury(v_message, v_channel,
-                               format('lock expired on delivery %s of max_attempts %s',
-                                      v_message.num_attempts, v_channel.max_attempts), p_now);
+            PERFORM fairq.bury(v_message, v_channel, v_exhausted, p_now);
             PERFORM fairq.channel_unlock(v_channel, 1, NULL, p_now);
         ELSE
             UPDATE fairq.message SET status = 'ready', locked_until = NULL, recovered = true
@@ -92,13 +115,14 @@ BEGIN
                     LIMIT 1
                       FOR UPDATE SKIP LOCKED) h
              WHERE c.id = ANY (p_channel_ids) AND c.max_attempts IS NOT NULL
-               AND h.num_attempts >= c.max_attempts
+               AND fairq.attempts_exhausted(h.num_attempts, h.attempts_at_retry, c.max_attempts,
+                                            false) IS NOT NULL
         LOOP
             SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
             DELETE FROM fairq.message WHERE id = v_message.id;
             PERFORM fairq.bury(v_message, v_channel,
-                               format('max_attempts %s reached after %s deliveries',
-                                      v_channel.max_attempts, v_message.num_attempts), p_now);
+                               fairq.attempts_exhausted(v_message.num_attempts, v_message.attempts_at_retry,
+                                                        v_channel.max_attempts, false), p_now);
             v_buried := true;
         END LOOP;
     END LOOP;
@@ -116,14 +140,18 @@ $$;
 --     the bench as light tenants' p99 wait of 150-190 ms);
 --   * when a dequeue commits, every call waiting behind it wakes at once instead of
 --     receiving the row one after another.
--- Not past p_until: a channel held longer is held by a user transaction, and the
--- honest answer is then "nothing available". True when the caller should pick again.
-CREATE FUNCTION fairq.wait_for_release(p_now timestamptz, p_until timestamptz) RETURNS boolean
+-- "Eligible" is judged by a clock read after the statement's snapshot (the
+-- subquery runs once, as the scan starts): every turn it can see was given by a call
+-- that read its clock before committing, so a channel that is due now is never taken
+-- for a future one. Not past p_until: a channel held longer is held by a user
+-- transaction, and the honest answer is then "nothing available". True when the
+-- caller should pick again.
+CREATE FUNCTION fairq.wait_for_release(p_until timestamptz) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_wait_ms bigint := ceil(extract(epoch FROM p_until - clock_timestamp()) * 1000);
-    v_first bigint := (SELECT c.id FROM fairq.channel c WHERE c.turn_at <= p_now
+    v_first bigint := (SELECT c.id FROM fairq.channel c WHERE c.turn_at <= (SELECT fairq.clock())
                         ORDER BY c.turn_at, c.turn_seq LIMIT 1);
 BEGIN
     IF v_first IS NULL OR v_wait_ms <= 0 THEN
@@ -164,6 +192,7 @@ DECLARE
     v_pos integer;
     v_count integer := 0;
     v_holds_locks boolean := false;
+    v_clock_fresh boolean := false;  -- v_now was read after the last pick that found something
     v_attempts_capped boolean;
 BEGIN
     PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
@@ -190,11 +219,22 @@ BEGIN
                  LIMIT p_max_messages - v_count
                    FOR NO KEY UPDATE SKIP LOCKED) p;
         IF cardinality(v_picked) = 0 THEN
+            -- A call that read the clock after this one may have served a channel
+            -- meanwhile and given it its next turn at that later clock (so may a
+            -- completion that freed a slot): read the clock again and look once more
+            -- before answering "nothing available" or waiting.
+            IF NOT v_clock_fresh THEN
+                v_now := fairq.clock();
+                v_clock_fresh := true;
+                CONTINUE;
+            END IF;
             EXIT WHEN v_holds_locks;
             v_wait_until := coalesce(v_wait_until, clock_timestamp() + interval '200 ms');
-            EXIT WHEN NOT fairq.wait_for_release(v_now, v_wait_until);
+            EXIT WHEN NOT fairq.wait_for_release(v_wait_until);
+            v_clock_fresh := false;  -- the call we waited for gave its channel a later turn
             CONTINUE;
         END IF;
+        v_clock_fresh := false;
         v_holds_locks := true;
         -- The turn_seq of each picked channel, in pick order: served or not, each
         -- takes its next turn in the order n single dequeues would give it.

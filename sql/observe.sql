@@ -96,6 +96,11 @@ AS $$
      WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = w.channel_id)
     HAVING count(*) > 0
     UNION ALL
+    SELECT NULL, format('%s messages count more deliveries since their last retry than in all', count(*))
+      FROM fairq.message m
+     WHERE m.attempts_at_retry > m.num_attempts
+    HAVING count(*) > 0
+    UNION ALL
     SELECT NULL, format('%s messages belong to no channel', count(*))
       FROM fairq.message m
      WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = m.channel_id)

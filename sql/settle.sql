@@ -57,12 +57,9 @@ DECLARE
     v_locked bigint[];
     v_woken bigint[];
 BEGIN
-    PERFORM fairq.require(p_ids, 'p_ids');
-    PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
-    IF array_ndims(p_ids) > 1 OR cardinality(p_num_attempts) <> cardinality(p_ids) THEN
-        RAISE EXCEPTION 'p_num_attempts must be a one-dimensional array as long as p_ids (%), got %',
-            cardinality(p_ids), cardinality(p_num_attempts) USING ERRCODE = '22023';
-    END IF;
+    PERFORM fairq.require_batch_array(fairq.require(p_ids, 'p_ids'), 'p_ids');
+    PERFORM fairq.require_batch_array(fairq.require(p_num_attempts, 'p_num_attempts'), 'p_num_attempts',
+                                      cardinality(p_ids), 'p_ids');
     IF array_position(p_ids, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'p_ids[%] must not be NULL', array_position(p_ids, NULL) USING ERRCODE = '22004';
     END IF;
@@ -324,9 +321,12 @@ BEGIN
     SELECT * INTO v_channel FROM fairq.channels_for_producer(ARRAY[v_dead.channel]);
     PERFORM fairq.channels_wake(ARRAY[v_channel.id], ARRAY[v_now], v_now);
     PERFORM fairq.channel_resize(v_channel, 1, false);
-    INSERT INTO fairq.message (id, channel_id, status, priority, dequeue_at, created_at, content, state)
+    -- num_attempts goes on counting (it is the fencing token: a holder from before the
+    -- message died must stay stale); max_attempts counts afresh from here.
+    INSERT INTO fairq.message (id, channel_id, status, priority, dequeue_at, created_at, content, state,
+                               num_attempts, attempts_at_retry)
     VALUES (v_dead.id, v_channel.id, 'ready', v_dead.priority, v_now, v_dead.created_at,
-            v_dead.content, v_dead.state);
+            v_dead.content, v_dead.state, v_dead.num_attempts, v_dead.num_attempts);
     IF fairq.events_wanted(true) THEN
         PERFORM fairq.notify_event('created', v_channel.name, v_dead.id, v_now);
     END IF;
@@ -347,4 +347,4 @@ COMMENT ON FUNCTION fairq.message_fail(bigint, bigint, text) IS
 COMMENT ON FUNCTION fairq.message_cancel(bigint) IS
     'Removes a message that is not in flight: cancelled | not_found | locked.';
 COMMENT ON FUNCTION fairq.dead_letter_retry(bigint) IS
-    'Puts a dead letter back on its channel with num_attempts reset to 0 (same id and priority, no dedup key, not subject to max_size): requeued | not_found.';
+    'Puts a dead letter back on its channel with a fresh budget of max_attempts deliveries (same id, priority and state, no dedup key, not subject to max_size); num_attempts, the fencing token, goes on counting: requeued | not_found.';

@@ -82,7 +82,10 @@ CREATE TABLE fairq.message (
     first_dequeued_at timestamptz,
     dedup_key         text,
     content           bytea                NOT NULL,
-    state             bytea
+    state             bytea,
+    -- num_attempts when the message was last retried from the dead letters (0 if
+    -- never): max_attempts counts the deliveries since (fairq.attempts_exhausted).
+    attempts_at_retry bigint               NOT NULL DEFAULT 0
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
         autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
 ALTER SEQUENCE fairq.message_id_seq OWNED BY fairq.message.id;

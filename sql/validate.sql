@@ -99,3 +99,34 @@ BEGIN
     RETURN p_dedup_key;
 END
 $$;
+
+-- A batch argument: NULL (whether that is allowed is the caller's business), or a
+-- one-dimensional array whose subscripts are its positions, as long as p_length
+-- (when given, the length of p_length_of). Batches read their arrays in parallel and
+-- name a bad element by its subscript, so an array that starts anywhere but 1 (which
+-- no client sends unless asked to) is refused rather than misread. Returns the
+-- array's length.
+CREATE FUNCTION fairq.require_batch_array(p_value anyarray, p_name text,
+                                          p_length integer DEFAULT NULL,
+                                          p_length_of text DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF array_ndims(p_value) > 1 THEN
+        RAISE EXCEPTION '% must be a one-dimensional array, got % dimensions', p_name, array_ndims(p_value)
+            USING ERRCODE = '22023';
+    END IF;
+    IF array_lower(p_value, 1) <> 1 THEN
+        RAISE EXCEPTION '% must have lower bound 1 (elements are read by position), got lower bound %',
+            p_name, array_lower(p_value, 1) USING ERRCODE = '22023';
+    END IF;
+    IF cardinality(p_value) <> p_length THEN
+        RAISE EXCEPTION '% must be as long as % (%), got % elements',
+            p_name, p_length_of, p_length, cardinality(p_value) USING ERRCODE = '22023';
+    END IF;
+    RETURN cardinality(p_value);
+END
+$$;

@@ -3,6 +3,8 @@
 The cluster is started by the session (see fairq.cluster) unless FAIRQ_TEST_DSN
 names an existing server's maintenance database. Each test gets its own database,
 cloned from a template in which ``CREATE EXTENSION fairq`` already ran.
+FAIRQ_TEST_EXTENSION_VERSION installs an earlier released version instead (its
+script must be installed too), to show that a new test fails on it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 from collections.abc import Iterator
 
 import psycopg
+import psycopg.sql
 import pytest
 
 from fairq.cluster import Cluster
@@ -70,7 +73,11 @@ def server() -> Iterator[Server]:
     srv.admin(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
     srv.admin(f'CREATE DATABASE "{TEMPLATE}"')
     with psycopg.connect(srv.dsn(TEMPLATE), autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION fairq")
+        version = os.environ.get("FAIRQ_TEST_EXTENSION_VERSION")
+        if version:
+            conn.execute(psycopg.sql.SQL("CREATE EXTENSION fairq VERSION {}").format(version))
+        else:
+            conn.execute("CREATE EXTENSION fairq")
     try:
         yield srv
     finally:

@@ -97,6 +97,19 @@ class Message:
     recovered: bool = False
     dedup_key: str | None = None
     state: bytes | None = None
+    attempts_at_retry: int = 0  # num_attempts when last retried from the dead letters
+
+    def exhausted(self, max_attempts: int | None, lock_expired: bool) -> str | None:
+        """fairq.attempts_exhausted: None while another delivery is allowed, else why
+        the message dies. max_attempts counts deliveries since the last retry."""
+        since = self.num_attempts - self.attempts_at_retry
+        if max_attempts is None or since < max_attempts:
+            return None
+        why = (f"lock expired on delivery {since} of max_attempts {max_attempts}" if lock_expired
+               else f"max_attempts {max_attempts} reached after {since} deliveries")
+        if self.attempts_at_retry > 0:
+            why += f" since the last retry ({self.num_attempts} in all)"
+        return why
 
 
 @dataclass
@@ -313,10 +326,10 @@ class Model:
         for mid in order:
             m = self.messages[mid]
             ch = self.channels[m.channel_id]
-            if ch.max_attempts is not None and m.num_attempts >= ch.max_attempts:
+            why = m.exhausted(ch.max_attempts, lock_expired=True)
+            if why is not None:
                 del self.messages[mid]
-                self.bury(m, ch, f"lock expired on delivery {m.num_attempts} of max_attempts "
-                                 f"{ch.max_attempts}")
+                self.bury(m, ch, why)
                 self.channel_unlock(ch, 1, None, now)
             else:
                 m.status = "ready"
@@ -335,7 +348,8 @@ class Model:
             if not ready:
                 break
             m = min(ready, key=lambda m: (-m.priority, m.dequeue_at, m.id))
-            if ch.max_attempts is None or m.num_attempts < ch.max_attempts:
+            why = m.exhausted(ch.max_attempts, lock_expired=False)
+            if why is None:
                 m.status = "locked"
                 m.locked_until = plus(now, lock)
                 m.num_attempts += 1
@@ -344,8 +358,7 @@ class Model:
                 taken = m
                 break
             del self.messages[m.id]
-            self.bury(m, ch, f"max_attempts {ch.max_attempts} reached after "
-                             f"{m.num_attempts} deliveries")
+            self.bury(m, ch, why)
         ch.due_at = self.pending_due_at(ch)
         self.channel_store(ch, now, False)
         if taken is None:
@@ -490,8 +503,10 @@ class Model:
         ch = self.channel_for_producer(d.channel)
         self.channel_wake(ch, now, now)
         self.channel_resize(ch, 1, False)
+        # A fresh max_attempts budget; num_attempts, the fencing token, goes on counting.
         self.messages[mid] = Message(mid, ch.id, "ready", d.priority, now, d.content,
-                                     state=d.state)
+                                     state=d.state, num_attempts=d.num_attempts,
+                                     attempts_at_retry=d.num_attempts)
         return "requeued"
 
     # -- what the database shows ---------------------------------------------------------
@@ -502,7 +517,8 @@ class Model:
         return {
             "messages": sorted(
                 (m.id, name.get(m.channel_id), m.status, m.priority, m.num_attempts, m.recovered,
-                 m.state, m.dedup_key, coarse(m.dequeue_at), coarse(m.locked_until))
+                 m.state, m.dedup_key, coarse(m.dequeue_at), coarse(m.locked_until),
+                 m.attempts_at_retry)
                 for m in self.messages.values()),
             "channels": sorted(
                 (c.name, c.has_policy, c.max_concurrency, c.release_interval * UNIT_MS,

@@ -63,7 +63,7 @@ SELECT fairq.clock_travel(0);
 
 DB_SNAPSHOT = {
     "messages": "SELECT m.id, c.name, m.status::text, m.priority, m.num_attempts, m.recovered,"
-                " m.state, m.dedup_key, m.dequeue_at, m.locked_until"
+                " m.state, m.dedup_key, m.dequeue_at, m.locked_until, m.attempts_at_retry"
                 " FROM fairq.message m LEFT JOIN fairq.channel c ON c.id = m.channel_id",
     "channels": "SELECT name, has_policy, max_concurrency, release_interval_ms, max_size,"
                 " max_attempts, in_flight, last_release_at, due_at, turn_at FROM fairq.channel",

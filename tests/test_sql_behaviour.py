@@ -312,8 +312,51 @@ def test_fail_and_retry_round_trip(conn: Conn) -> None:
     assert call(conn, "dead_letter_retry", d.id) == "requeued"
     assert call(conn, "dead_letter_retry", d.id) == "not_found"
     again = dequeue_one(conn)
-    assert again is not None and again.id == d.id and again.num_attempts == 1
+    # num_attempts keeps counting across the retry: the token of an id never repeats.
+    assert again is not None and again.id == d.id and again.num_attempts == 2
     assert again.content == b"payload" and again.priority == 7
+
+
+def test_a_holder_from_before_a_dead_letter_retry_stays_fenced_out(conn: Conn) -> None:
+    call(conn, "channel_set", "z", None, 0, None, 1)
+    create(conn, "z")
+    zombie = dequeue_one(conn, lock_ms=1)  # attempt 1; its lock expires at once
+    assert zombie is not None and zombie.num_attempts == 1
+    travel(conn, 1_000)
+    assert dequeue(conn) == []  # the expired lock is recovered: past max_attempts 1, it dies
+    assert conn.execute("SELECT num_attempts FROM fairq.dead_letters").fetchall() == [(1,)]
+    assert call(conn, "dead_letter_retry", zombie.id) == "requeued"
+    second = dequeue_one(conn)
+    assert second is not None and second.id == zombie.id
+    assert second.num_attempts != zombie.num_attempts
+    # The first holder's late settlements are stale; the second holder's are not.
+    for fn, args in (("message_complete", ()), ("message_heartbeat", (60_000,)),
+                     ("message_defer", (None, None)), ("message_fail", ("late",))):
+        assert call(conn, fn, zombie.id, zombie.num_attempts, *args) == "stale", fn
+    assert conn.execute("SELECT * FROM fairq.message_complete_batch(%s, %s)",
+                        ([zombie.id], [zombie.num_attempts])).fetchall() == [(zombie.id, "stale")]
+    assert complete(conn, second) == "completed"
+    assert problems(conn) == []
+
+
+def test_a_retried_dead_letter_gets_a_fresh_max_attempts_budget(conn: Conn) -> None:
+    call(conn, "channel_set", "r", None, 0, None, 2)
+    create(conn, "r")
+    for attempt in (1, 2):
+        d = dequeue_one(conn)
+        assert d is not None and d.num_attempts == attempt
+        assert call(conn, "message_defer", d.id, d.num_attempts, None, None) == "deferred"
+    assert dequeue(conn) == []  # a third delivery would pass max_attempts 2: it dies
+    assert conn.execute("SELECT num_attempts FROM fairq.dead_letters").fetchall() == [(2,)]
+    assert call(conn, "dead_letter_retry", d.id) == "requeued"
+    for attempt in (3, 4):  # two more deliveries: the budget restarted, the count did not
+        again = dequeue_one(conn)
+        assert again is not None and again.num_attempts == attempt
+        assert call(conn, "message_defer", again.id, again.num_attempts, None, None) == "deferred"
+    assert dequeue(conn) == []
+    assert conn.execute("SELECT num_attempts, error FROM fairq.dead_letters").fetchall() == [
+        (4, "max_attempts 2 reached after 2 deliveries since the last retry (4 in all)")]
+    assert problems(conn) == []
 
 
 def test_cancel(conn: Conn) -> None:

@@ -8,9 +8,10 @@ from PUBLIC like the install script does for all of them, every function comment
 is new or changed is set, and functions that are gone are dropped. Anything else that
 differs (tables, indexes, data to migrate) goes into tools/upgrades/<old>--<new>.sql by
 hand, which comes first in the output; without that file such a difference is
-refused, and so is a function whose signature or result type changed, or a dropped
-view. tests/test_upgrade.py proves the result: an upgraded database dumps exactly
-like a fresh install.
+refused, and so is a function whose signature or result type changed (unless the
+hand-written part drops it: it is then created anew), or a dropped view.
+tests/test_upgrade.py proves the result: an upgraded database dumps exactly like a
+fresh install.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 FUNCTION = re.compile(r"^CREATE FUNCTION (fairq\.\w+)\((.*?)\)\s*(?:RETURNS|$)", re.S | re.M)
 VIEW = re.compile(r"^CREATE VIEW (fairq\.\w+) AS\n.*?;\n", re.S | re.M)
+DROPPED = re.compile(r"^DROP FUNCTION (fairq\.\w+)\(", re.M)
 COMMENT = re.compile(r"^COMMENT ON FUNCTION (fairq\.\w+\(.*?\)) IS\n(.*?');$", re.S | re.M)
 
 
@@ -85,8 +87,9 @@ def upgrade(old_script: str, new_script: str, old: str, new: str, by_hand: str |
            '\\echo Use "ALTER EXTENSION fairq UPDATE" to load this file. \\quit']
     if by_hand is not None:
         out += ["", by_hand.rstrip()]
+    dropped_by_hand = set(DROPPED.findall(by_hand or ""))
     for name, definition in new_definitions.items():
-        before = old_definitions.get(name)
+        before = None if name in dropped_by_hand else old_definitions.get(name)
         if before == definition:
             continue
         if definition.startswith("CREATE VIEW"):
@@ -102,7 +105,7 @@ def upgrade(old_script: str, new_script: str, old: str, new: str, by_hand: str |
     for key, comment in new_comments.items():
         if old_comments.get(key) != comment:
             out += ["", comment]
-    for name in sorted(set(old_definitions) - set(new_definitions)):
+    for name in sorted(set(old_definitions) - set(new_definitions) - dropped_by_hand):
         if old_definitions[name].startswith("CREATE VIEW"):
             raise SystemExit(f"view {name} dropped: write this upgrade by hand")
         out += ["", f"DROP FUNCTION {name}({signature(old_definitions[name])});"]
