@@ -320,6 +320,12 @@ def test_held_snapshot_does_not_stop_the_queue(dsn: str, db: Any, logdir: Path) 
     assert db.execute("SELECT * FROM fairq.check()").fetchall() == []
 
 
+# The race below runs until it has created this many messages and queued this many
+# wakes (a few seconds on an idle 2-core machine), not for a fixed time.
+RACE_MIN_CREATED = 10_000
+RACE_MIN_WAKES = 1
+
+
 def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: Any) -> None:
     """Batch producers over many sparse channels, with batch workers draining them as
     fast as they fill: channels go idle and are woken again all the time, and a
@@ -328,6 +334,7 @@ def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: An
     and the queued wakes end empty, and the race did queue wakes."""
     channels = [f"w{i}" for i in range(60)]
     stop = threading.Event()
+    produced = threading.Event()  # every producer has stopped
     errors: list[BaseException] = []
     created: list[int] = []
     completed: list[int] = []
@@ -349,37 +356,55 @@ def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: An
     def work() -> None:
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
-                idle_since = None
                 while True:
                     got = conn.execute("SELECT id, num_attempts FROM fairq.message_dequeue(30000, 10)"
                                        ).fetchall()
                     if got:
-                        idle_since = None
                         done = conn.execute(
                             "SELECT id FROM fairq.message_complete_batch(%s, %s)"
                             " WHERE status = 'completed'",
                             ([g[0] for g in got], [g[1] for g in got])).fetchall()
                         with lock:
                             completed.extend(d[0] for d in done)
-                    elif stop.is_set():
-                        idle_since = idle_since or time.monotonic()
-                        if time.monotonic() - idle_since > 1.0:
-                            return
+                    elif produced.is_set() and conn.execute(
+                            "SELECT NOT EXISTS (SELECT FROM fairq.message)").fetchone() == (True,):
+                        return  # nothing more will come and nothing is left
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=produce, args=(i,)) for i in range(4)]
-    threads += [threading.Thread(target=work) for _ in range(4)]
+    producers = [threading.Thread(target=produce, args=(i,), daemon=True) for i in range(4)]
+    workers = [threading.Thread(target=work, daemon=True) for _ in range(4)]
+    threads = producers + workers
+
+    def wakes_queued() -> int:
+        # Each autocommit statement is a new transaction: a fresh statistics snapshot.
+        # Backends report their counts within about a second, and at their exit.
+        return int(db.execute("SELECT n_tup_ins FROM pg_stat_user_tables"
+                              " WHERE relid = 'fairq.channel_wake'::regclass").fetchone()[0])
+
+    def raced_enough() -> bool:
+        with lock:
+            made = len(created)
+        return bool(errors) or (made >= RACE_MIN_CREATED and wakes_queued() >= RACE_MIN_WAKES)
+
     for t in threads:
         t.start()
-    time.sleep(4)
-    stop.set()
-    for t in threads:
-        t.join(60)
+    # Run until the race has happened, however long that takes on this machine: at
+    # least RACE_MIN_CREATED messages, and producers have queued wakes for held rows.
+    # Then the producers stop and the workers drain the queue.
+    try:
+        raced = wait_until(raced_enough, timeout=180, step=0.05)
+    finally:
+        stop.set()
+        for t in producers:
+            t.join(60)
+        produced.set()
+        for t in workers:
+            t.join(120)
     assert not errors, errors
+    assert not any(t.is_alive() for t in threads), "a producer or worker did not stop"
     db.execute("SELECT pg_stat_clear_snapshot()")
-    queued = int(db.execute("SELECT n_tup_ins FROM pg_stat_user_tables"
-                            " WHERE relid = 'fairq.channel_wake'::regclass").fetchone()[0])
+    queued = wakes_queued()
     lost = set(created) - set(completed)
     print(f"\nbatch producers on idle channels: created {len(created)}, completed"
           f" {len(completed)}, lost {len(lost)}, completed twice"
@@ -389,4 +414,5 @@ def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: An
     assert db.execute("SELECT count(*) FROM fairq.message").fetchone() == (0,)
     assert db.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (0,)
     assert db.execute("SELECT * FROM fairq.check()").fetchall() == []
-    assert queued > 0, "the race never queued a wake: it did not test what it claims"
+    assert raced and queued >= RACE_MIN_WAKES, \
+        "the race never queued a wake: it did not test what it claims"
