@@ -93,10 +93,10 @@ def producer(cfg: dict[str, Any]) -> None:
             time.sleep(rnd.uniform(0, cfg["pause"]))
 
 
-def stop_holding(cfg: dict[str, Any], held: list[tuple[int, int]]) -> None:
-    """Writes what this worker holds, then stops it until the test kills it."""
+def stop_holding(cfg: dict[str, Any], point: str, held: list[tuple[int, int]]) -> None:
+    """Writes where it stopped and what it holds, then stops until the test kills it."""
     path = Path(cfg["logdir"]) / f"{cfg['name']}.held"
-    path.write_text(json.dumps(held))
+    path.write_text(json.dumps({"point": point, "held": held}))
     os.kill(os.getpid(), signal.SIGSTOP)
     # Only a test that lets it go on gets here: carry on as if nothing happened.
 
@@ -123,15 +123,15 @@ def worker(cfg: dict[str, Any]) -> None:
                 stop_at = (rnd.choice(["dequeued", "working", "committing"]),
                            rnd.randrange(len(rows)))
                 if stop_at[0] == "dequeued":
-                    stop_holding(cfg, [(r[0], r[2]) for r in rows])
+                    stop_holding(cfg, "dequeued", [(r[0], r[2]) for r in rows])
             for i, (mid, channel, attempts, recovered) in enumerate(rows):
                 held = [(r[0], r[2]) for r in rows[i:]]
                 if stop_at == ("working", i):
-                    stop_holding(cfg, held)
+                    stop_holding(cfg, "working", held)
                 time.sleep(rnd.uniform(0, cfg["work_ms"]) / 1000)
                 if rnd.random() < cfg.get("defer_p", 0.0):
                     if stop_at == ("committing", i):  # a deferral is one statement
-                        stop_holding(cfg, held)
+                        stop_holding(cfg, "working", held)
                     conn.execute("SELECT fairq.message_defer(%s, %s)", (mid, attempts))
                     continue
                 with conn.transaction():
@@ -144,7 +144,7 @@ def worker(cfg: dict[str, Any]) -> None:
                     if stop_at == ("committing", i):
                         # Completed in the open transaction, not committed: a kill now
                         # must leave the message locked, to be delivered again.
-                        stop_holding(cfg, held)
+                        stop_holding(cfg, "committing", held)
                 if status == "completed":
                     record(cfg, [mid])
         except psycopg.OperationalError:

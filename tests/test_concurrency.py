@@ -172,6 +172,7 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
     killed = 0
     killed_holding = 0  # kills of a worker whose held messages the database showed locked
     held_at_kills = 0
+    stop_points = dict.fromkeys(("dequeued", "working", "committing"), 0)
     finished = False
     try:
         def remaining() -> int:
@@ -182,8 +183,9 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
             for i, proc in enumerate(pool):
                 if not stopped(proc):
                     continue
-                held = [tuple(h) for h in
-                        json.loads((logdir / f"{names[proc.pid]}.held").read_text())]
+                report = json.loads((logdir / f"{names[proc.pid]}.held").read_text())
+                held = [tuple(h) for h in report["held"]]
+                stop_points[report["point"]] += 1
                 # The worker is stopped between two statements: what the database shows
                 # of its messages cannot change under it (short of its locks expiring).
                 locked = int(db.execute(
@@ -231,6 +233,7 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
         "workers killed": killed,
         "killed while holding locked messages": killed_holding,
         "messages held at the kills": held_at_kills,
+        **{f"kills {k}": v for k, v in stop_points.items()},
         "monitor samples": monitor.samples,
         "cap violations": len(monitor.cap_violations),
         "in_flight drift samples": len(monitor.counter_drift),
