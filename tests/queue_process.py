@@ -14,14 +14,30 @@ so the table says exactly which completions took effect; with ``ids_file`` the i
 also appended to a file after the commit returned.
 
 Both reconnect when the server goes away (crash test) and stop at ``deadline``.
+
+Events are tied to progress, not to the clock, so that a loaded machine changes only
+how long a test takes, never what it tests:
+
+* a producer with ``gate_at`` and ``gate_file`` stops after creating ``gate_at``
+  messages until the test creates ``gate_file`` (so work is still to come when the
+  test makes something happen);
+* a worker with ``stop_after`` stops itself (SIGSTOP) once it has picked up that many
+  messages, at a point where it holds some: right after the dequeue, before settling
+  one of the batch, or inside the transaction of a completion before its commit. It
+  first writes the (id, num_attempts) it holds to ``<logdir>/<name>.held``. The test
+  sees the stop (waitpid WUNTRACED), checks in the database that those messages are
+  locked, and kills it with SIGKILL.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -69,14 +85,28 @@ def producer(cfg: dict[str, Any]) -> None:
             continue
         record(cfg, [r[0] for r in rows])
         made += size
+        if cfg.get("gate_at") is not None and made >= cfg["gate_at"]:
+            gate = Path(cfg["gate_file"])
+            while not gate.exists() and time.time() < deadline:
+                time.sleep(0.01)
         if cfg.get("pause"):
             time.sleep(rnd.uniform(0, cfg["pause"]))
+
+
+def stop_holding(cfg: dict[str, Any], point: str, held: list[tuple[int, int]]) -> None:
+    """Writes where it stopped and what it holds, then stops until the test kills it."""
+    path = Path(cfg["logdir"]) / f"{cfg['name']}.held"
+    path.write_text(json.dumps({"point": point, "held": held}))
+    os.kill(os.getpid(), signal.SIGSTOP)
+    # Only a test that lets it go on gets here: carry on as if nothing happened.
 
 
 def worker(cfg: dict[str, Any]) -> None:
     rnd = random.Random(cfg["seed"])
     deadline = cfg["deadline"]
     conn = connect(cfg["dsn"], deadline)
+    taken = 0  # messages picked up so far (deliveries)
+    stop_after = cfg.get("stop_after")
     while time.time() < deadline:
         try:
             rows = conn.execute(
@@ -85,9 +115,23 @@ def worker(cfg: dict[str, Any]) -> None:
             if not rows:
                 time.sleep(0.01)
                 continue
-            for mid, channel, attempts, recovered in rows:
+            taken += len(rows)
+            # Where to stop, if this batch reaches stop_after: (point, index in the batch).
+            stop_at: tuple[str, int] | None = None
+            if stop_after is not None and taken >= stop_after:
+                stop_after = None  # once
+                stop_at = (rnd.choice(["dequeued", "working", "committing"]),
+                           rnd.randrange(len(rows)))
+                if stop_at[0] == "dequeued":
+                    stop_holding(cfg, "dequeued", [(r[0], r[2]) for r in rows])
+            for i, (mid, channel, attempts, recovered) in enumerate(rows):
+                held = [(r[0], r[2]) for r in rows[i:]]
+                if stop_at == ("working", i):
+                    stop_holding(cfg, "working", held)
                 time.sleep(rnd.uniform(0, cfg["work_ms"]) / 1000)
                 if rnd.random() < cfg.get("defer_p", 0.0):
+                    if stop_at == ("committing", i):  # a deferral is one statement
+                        stop_holding(cfg, "working", held)
                     conn.execute("SELECT fairq.message_defer(%s, %s)", (mid, attempts))
                     continue
                 with conn.transaction():
@@ -97,6 +141,10 @@ def worker(cfg: dict[str, Any]) -> None:
                         conn.execute("INSERT INTO completion (id, channel, attempts, recovered,"
                                      " worker) VALUES (%s, %s, %s, %s, %s)",
                                      (mid, channel, attempts, recovered, cfg["name"]))
+                    if stop_at == ("committing", i):
+                        # Completed in the open transaction, not committed: a kill now
+                        # must leave the message locked, to be delivered again.
+                        stop_holding(cfg, "committing", held)
                 if status == "completed":
                     record(cfg, [mid])
         except psycopg.OperationalError:

@@ -1,7 +1,11 @@
 """Concurrency: several producer and worker *processes* on one queue, with crashes.
 
-Worker processes (tests/queue_process.py) are killed with SIGKILL at random moments -
-usually while they hold messages - and replaced. Meanwhile a monitor samples, in one
+Worker processes (tests/queue_process.py) are killed with SIGKILL and replaced: each
+stops itself after picking up a random number of messages, at a random point where it
+holds some (after the dequeue, before a settlement, inside an uncommitted completion),
+and the test kills it there once the database shows those messages locked. Kills are
+tied to progress, never to the clock, so a loaded machine cannot finish the run
+before the first kill. Meanwhile a monitor samples, in one
 snapshot each time, every channel's in_flight counter and its actually locked
 messages, and runs fairq.check() now and then. At the end:
 
@@ -117,13 +121,38 @@ def wait_until(predicate: Any, timeout: float, step: float = 0.2) -> bool:
     return bool(predicate())
 
 
+def stopped(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the child has stopped itself (SIGSTOP); records its exit if it ended."""
+    if proc.returncode is not None:
+        return False
+    pid, status = os.waitpid(proc.pid, os.WNOHANG | os.WUNTRACED)
+    if pid == 0:
+        return False
+    if os.WIFSTOPPED(status):
+        return True
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    return False
+
+
 def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: list[str],
              caps: dict[str, int], per_producer: int, producers: int = 2, workers: int = 4,
-             kill_every: tuple[float, float] = (0.8, 1.6), seed: int = 0) -> dict[str, int]:
+             stop_after: tuple[int, int] = (30, 120), seed: int = 0) -> dict[str, int]:
+    """Runs producers and workers until every message is completed. Each worker stops
+    itself once it has picked up a random number (``stop_after``) of messages, at a
+    point where it holds some (see queue_process.py); the test then checks in the
+    database that it holds locked messages, kills it and starts a new one.
+
+    Kills are tied to progress, not to time: a worker that has picked up fewer than
+    ``stop_after[1]`` messages has not been killed yet, so no more than
+    ``workers * stop_after[1]`` deliveries can happen without a kill. With more
+    messages than that, the run cannot finish without killing a worker, whatever the
+    machine's load."""
+    total = producers * per_producer
+    assert workers * stop_after[1] < total, "the run could finish without a kill"
     rnd = random.Random(seed)
     for name, cap in caps.items():
         db.execute("SELECT fairq.channel_set(%s, %s)", (name, cap))
-    deadline = time.time() + 120  # a safety net: processes stop on their own
+    deadline = time.time() + 300  # a safety net: processes stop on their own
     base = {"dsn": dsn, "deadline": deadline}
     prods = [spawn({**base, "role": "producer", "name": f"p{i}", "seed": seed * 100 + i,
                     "channels": channels, "count": per_producer, "log_table": True,
@@ -134,32 +163,53 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
         nonlocal serial
         serial += 1
         return spawn({**base, "role": "worker", "name": f"w{serial}", "seed": seed * 100 + serial,
-                      "lock_ms": 1000, "work_ms": 4, "defer_p": 0.03, "max_batch": 3}, logdir)
+                      "lock_ms": 1000, "work_ms": 4, "defer_p": 0.03, "max_batch": 3,
+                      "stop_after": rnd.randint(*stop_after), "logdir": str(logdir)}, logdir)
 
     pool = [new_worker() for _ in range(workers)]
+    names = {p.pid: f"w{i + 1}" for i, p in enumerate(pool)}
     monitor = Monitor(dsn).start()
     killed = 0
+    killed_holding = 0  # kills of a worker whose held messages the database showed locked
+    held_at_kills = 0
+    stop_points = dict.fromkeys(("dequeued", "working", "committing"), 0)
+    finished = False
     try:
         def remaining() -> int:
             return int(db.execute("SELECT count(*) FROM fairq.message").fetchone()[0])  # type: ignore[index]
 
-        next_kill = time.monotonic() + rnd.uniform(*kill_every)
-        hard_end = time.monotonic() + 45
+        hard_end = time.monotonic() + 240  # a failure net only: the run ends by progress
         while time.monotonic() < hard_end:
-            if all(p.poll() is not None for p in prods) and remaining() == 0:
-                break
-            if time.monotonic() >= next_kill and any(p.poll() is None for p in prods):
-                victim = rnd.randrange(len(pool))
-                os.kill(pool[victim].pid, signal.SIGKILL)
-                pool[victim].wait()
-                pool[victim] = new_worker()
+            for i, proc in enumerate(pool):
+                if not stopped(proc):
+                    continue
+                report = json.loads((logdir / f"{names[proc.pid]}.held").read_text())
+                held = [tuple(h) for h in report["held"]]
+                stop_points[report["point"]] += 1
+                # The worker is stopped between two statements: what the database shows
+                # of its messages cannot change under it (short of its locks expiring).
+                locked = int(db.execute(
+                    "SELECT count(*) FROM fairq.message m"
+                    " JOIN unnest(%s::bigint[], %s::bigint[]) AS h(id, n)"
+                    "   ON h.id = m.id AND h.n = m.num_attempts"
+                    " WHERE m.status = 'locked'",
+                    ([h[0] for h in held], [h[1] for h in held])).fetchone()[0])  # type: ignore[index]
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
                 killed += 1
-                next_kill = time.monotonic() + rnd.uniform(*kill_every)
-            time.sleep(0.05)
+                held_at_kills += len(held)
+                killed_holding += locked > 0
+                pool[i] = new_worker()
+                names[pool[i].pid] = f"w{serial}"
+            if (all(p.poll() is not None for p in prods) and remaining() == 0
+                    and monitor.samples > 0):
+                finished = True
+                break
+            time.sleep(0.02)
     finally:
         monitor.stop()
         for p in pool + prods:
-            if p.poll() is None:
+            if p.poll() is None:  # running, or stopped and not yet killed
                 p.kill()
             p.wait()
     for p in prods:
@@ -181,6 +231,9 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
         "dead letters": one("SELECT count(*) FROM fairq.dead_letter"),
         "recovered deliveries completed": one("SELECT count(*) FROM completion WHERE recovered"),
         "workers killed": killed,
+        "killed while holding locked messages": killed_holding,
+        "messages held at the kills": held_at_kills,
+        **{f"kills {k}": v for k, v in stop_points.items()},
         "monitor samples": monitor.samples,
         "cap violations": len(monitor.cap_violations),
         "in_flight drift samples": len(monitor.counter_drift),
@@ -202,10 +255,13 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
                f" check() during load {monitor.problems[:5]}, check() at the end {problems_at_end},"
                f" messages without a channel (id, channel_id, status, attempts, channel, created)"
                f" {orphans}, channels {db.execute('SELECT id, name FROM fairq.channel').fetchall()}")
+    assert finished, f"the run did not finish in time: {counts}"
     assert {k: counts[k] for k in must_be_zero} == dict.fromkeys(must_be_zero, 0), details
     assert counts["created"] == producers * per_producer
     assert problems_at_end == []
     assert killed > 0 and monitor.samples > 0
+    assert held_at_kills >= killed  # each worker stopped itself holding messages
+    assert killed_holding > 0, "no kill hit a worker while the database showed its messages locked"
     return counts
 
 
@@ -267,6 +323,12 @@ def test_held_snapshot_does_not_stop_the_queue(dsn: str, db: Any, logdir: Path) 
     assert db.execute("SELECT * FROM fairq.check()").fetchall() == []
 
 
+# The race below runs until it has created this many messages and queued this many
+# wakes (a few seconds on an idle 2-core machine), not for a fixed time.
+RACE_MIN_CREATED = 10_000
+RACE_MIN_WAKES = 1
+
+
 def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: Any) -> None:
     """Batch producers over many sparse channels, with batch workers draining them as
     fast as they fill: channels go idle and are woken again all the time, and a
@@ -275,6 +337,7 @@ def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: An
     and the queued wakes end empty, and the race did queue wakes."""
     channels = [f"w{i}" for i in range(60)]
     stop = threading.Event()
+    produced = threading.Event()  # every producer has stopped
     errors: list[BaseException] = []
     created: list[int] = []
     completed: list[int] = []
@@ -296,37 +359,55 @@ def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: An
     def work() -> None:
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
-                idle_since = None
                 while True:
                     got = conn.execute("SELECT id, num_attempts FROM fairq.message_dequeue(30000, 10)"
                                        ).fetchall()
                     if got:
-                        idle_since = None
                         done = conn.execute(
                             "SELECT id FROM fairq.message_complete_batch(%s, %s)"
                             " WHERE status = 'completed'",
                             ([g[0] for g in got], [g[1] for g in got])).fetchall()
                         with lock:
                             completed.extend(d[0] for d in done)
-                    elif stop.is_set():
-                        idle_since = idle_since or time.monotonic()
-                        if time.monotonic() - idle_since > 1.0:
-                            return
+                    elif produced.is_set() and conn.execute(
+                            "SELECT NOT EXISTS (SELECT FROM fairq.message)").fetchone() == (True,):
+                        return  # nothing more will come and nothing is left
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=produce, args=(i,)) for i in range(4)]
-    threads += [threading.Thread(target=work) for _ in range(4)]
+    producers = [threading.Thread(target=produce, args=(i,), daemon=True) for i in range(4)]
+    workers = [threading.Thread(target=work, daemon=True) for _ in range(4)]
+    threads = producers + workers
+
+    def wakes_queued() -> int:
+        # Each autocommit statement is a new transaction: a fresh statistics snapshot.
+        # Backends report their counts within about a second, and at their exit.
+        return int(db.execute("SELECT n_tup_ins FROM pg_stat_user_tables"
+                              " WHERE relid = 'fairq.channel_wake'::regclass").fetchone()[0])
+
+    def raced_enough() -> bool:
+        with lock:
+            made = len(created)
+        return bool(errors) or (made >= RACE_MIN_CREATED and wakes_queued() >= RACE_MIN_WAKES)
+
     for t in threads:
         t.start()
-    time.sleep(4)
-    stop.set()
-    for t in threads:
-        t.join(60)
+    # Run until the race has happened, however long that takes on this machine: at
+    # least RACE_MIN_CREATED messages, and producers have queued wakes for held rows.
+    # Then the producers stop and the workers drain the queue.
+    try:
+        raced = wait_until(raced_enough, timeout=180, step=0.05)
+    finally:
+        stop.set()
+        for t in producers:
+            t.join(60)
+        produced.set()
+        for t in workers:
+            t.join(120)
     assert not errors, errors
+    assert not any(t.is_alive() for t in threads), "a producer or worker did not stop"
     db.execute("SELECT pg_stat_clear_snapshot()")
-    queued = int(db.execute("SELECT n_tup_ins FROM pg_stat_user_tables"
-                            " WHERE relid = 'fairq.channel_wake'::regclass").fetchone()[0])
+    queued = wakes_queued()
     lost = set(created) - set(completed)
     print(f"\nbatch producers on idle channels: created {len(created)}, completed"
           f" {len(completed)}, lost {len(lost)}, completed twice"
@@ -336,4 +417,5 @@ def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: An
     assert db.execute("SELECT count(*) FROM fairq.message").fetchone() == (0,)
     assert db.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (0,)
     assert db.execute("SELECT * FROM fairq.check()").fetchall() == []
-    assert queued > 0, "the race never queued a wake: it did not test what it claims"
+    assert raced and queued >= RACE_MIN_WAKES, \
+        "the race never queued a wake: it did not test what it claims"

@@ -11,6 +11,10 @@ crash and restart:
 * every completion whose commit returned is still recorded;
 * nothing was completed twice, and fairq.check() is empty;
 * the processes reconnect by themselves and drain the queue completely.
+
+The crash is triggered by progress (200 committed creates, 60 committed
+completions), and the producers wait after 300 of their 400 messages until the
+crash, so it always lands mid-load with work still to create.
 """
 
 from __future__ import annotations
@@ -57,23 +61,28 @@ def test_committed_work_survives_a_database_crash(crash_cluster: Cluster, tmp_pa
         conn.execute("SELECT fairq.channel_set('capped', 2)")
 
     channels = ["a", "b", "c", "capped"] + [f"x{i}" for i in range(20)]
-    deadline = time.time() + 100
+    deadline = time.time() + 300  # a safety net: the processes stop on their own
     base = {"dsn": dsn, "deadline": deadline}
     produced = [tmp_path / f"p{i}.ids" for i in range(2)]
     completed = [tmp_path / f"w{i}.ids" for i in range(3)]
+    # Producers stop after 300 of their 400 messages until the crash: whatever the
+    # machine's speed, the crash comes before they are done, and they must reconnect.
+    gate = tmp_path / "crashed"
     procs = [spawn({**base, "role": "producer", "name": f"p{i}", "seed": i, "channels": channels,
-                    "count": 400, "ids_file": str(produced[i]), "pause": 0.004}, tmp_path)
+                    "count": 400, "ids_file": str(produced[i]), "pause": 0.004,
+                    "gate_at": 300, "gate_file": str(gate)}, tmp_path)
              for i in range(2)]
     procs += [spawn({**base, "role": "worker", "name": f"w{i}", "seed": 10 + i, "lock_ms": 2000,
                      "work_ms": 3, "defer_p": 0.03, "ids_file": str(completed[i])}, tmp_path)
               for i in range(3)]
     try:
-        # Crash in the middle of the load: producers and workers both busy.
-        assert _wait(lambda: len(ids_in(produced)) >= 200 and len(ids_in(completed)) >= 60, 30)
+        # Crash in the middle of the load, by progress: once 200 creates and 60
+        # completions have committed (the clock is only a failure net).
+        assert _wait(lambda: len(ids_in(produced)) >= 200 and len(ids_in(completed)) >= 60, 120)
         crash_cluster.stop("immediate")
         created_before = set(ids_in(produced))
         completed_before = ids_in(completed)
-        time.sleep(0.5)
+        gate.touch()  # the producers go on: they must reconnect to finish
         crash_cluster.start()
 
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -86,9 +95,9 @@ def test_committed_work_survives_a_database_crash(crash_cluster: Cluster, tmp_pa
             problems_after_restart = conn.execute("SELECT * FROM fairq.check()").fetchall()
 
             # The processes reconnect by themselves; wait for the producers, then the drain.
-            assert _wait(lambda: all(p.poll() is not None for p in procs[:2]), 60)
+            assert _wait(lambda: all(p.poll() is not None for p in procs[:2]), 120)
             drained = _wait(lambda: conn.execute("SELECT count(*) FROM fairq.message")
-                            .fetchone() == (0,), 60)
+                            .fetchone() == (0,), 120)
             created_all = set(ids_in(produced))
             done = conn.execute("SELECT count(*), count(DISTINCT id) FROM completion").fetchone()
             assert done is not None
@@ -108,6 +117,7 @@ def test_committed_work_survives_a_database_crash(crash_cluster: Cluster, tmp_pa
           f" completions {done[0] - done[1]}, dead letters {dead[0] if dead else None},"
           f" drained {drained}")
     assert [p.returncode for p in procs[:2]] == [0, 0], (tmp_path / "p0.err").read_text()
+    assert len(created_before) <= 600 and len(completed_before) >= 60  # mid-load, by construction
     assert missing == set()
     assert forgotten == set()
     assert problems_after_restart == []
@@ -123,5 +133,5 @@ def _wait(predicate: Any, timeout: float) -> bool:
     while time.monotonic() < end:
         if predicate():
             return True
-        time.sleep(0.1)
+        time.sleep(0.02)
     return bool(predicate())

@@ -4,12 +4,17 @@ Each test pins down one race the design must win: a message committed by a
 producer is never stranded, an open producer transaction never hides a busy
 channel, two dequeues on one channel never answer "empty" while work waits, and
 fencing holds when settlement and lock recovery cross.
+
+Whether a call waits is read from the server (pg_blocking_pids: it waits for a lock
+that the other session holds), never guessed from how long it took, so a loaded
+machine cannot change a verdict.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -45,6 +50,34 @@ def open_transaction(conn: Conn) -> Iterator[Conn]:
         yield conn
 
 
+FAILURE_NET = 30.0  # seconds; only a test that is going to fail waits this long
+GATE_KEY = 4_242_424_242  # an advisory lock of the tests' own (one-bigint form)
+
+
+def blocked_by(watch: Conn, pid: int, holder: Conn) -> bool:
+    """Whether backend ``pid`` waits for a lock that ``holder``'s session holds, or
+    for a session that waits for it in turn."""
+    row = watch.execute("""
+        WITH RECURSIVE blocker(pid) AS (
+            SELECT unnest(pg_blocking_pids(%(pid)s))
+            UNION
+            SELECT unnest(pg_blocking_pids(b.pid)) FROM blocker b)
+        SELECT %(holder)s IN (SELECT pid FROM blocker)""",
+                        {"pid": pid, "holder": holder.info.backend_pid}).fetchone()
+    return bool(row and row[0])
+
+
+def waits_for(watch: Conn, pid: int, holder: Conn, running: Callable[[], bool]) -> bool:
+    """True as soon as backend ``pid`` is seen waiting for ``holder``; False if its call
+    finishes (``running()`` turns false) first."""
+    deadline = time.monotonic() + FAILURE_NET
+    while running() and time.monotonic() < deadline:
+        if blocked_by(watch, pid, holder):
+            return True
+        time.sleep(0.001)
+    return False
+
+
 class Background:
     """Runs one call on its own connection in a thread, so it may block."""
 
@@ -52,6 +85,8 @@ class Background:
         self.result: Any = None
         self.error: BaseException | None = None
         self._conn = psycopg.connect(dsn, autocommit=True)
+        self._pid = self._conn.info.backend_pid
+        self._watch = psycopg.connect(dsn, autocommit=True)
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self._thread.start()
 
@@ -61,14 +96,28 @@ class Background:
         except BaseException as exc:  # reported by join()
             self.error = exc
 
-    def blocked(self, seconds: float = 0.3) -> bool:
-        self._thread.join(seconds)
-        return self._thread.is_alive()
+    def waits_for(self, holder: Conn) -> bool:
+        """True once the call is seen waiting for a lock that ``holder`` holds; False
+        if it finishes first."""
+        return waits_for(self._watch, self._pid, holder, self._thread.is_alive)
+
+    def finishes_without_waiting_for(self, holder: Conn) -> bool:
+        """True if the call finishes, never seen waiting for ``holder``'s locks (which
+        ``holder`` keeps meanwhile, so a call that waited for them could not finish)."""
+        deadline = time.monotonic() + FAILURE_NET
+        while time.monotonic() < deadline:
+            if not self._thread.is_alive():
+                return True
+            if blocked_by(self._watch, self._pid, holder):
+                return False
+            self._thread.join(0.005)
+        return False
 
     def join(self) -> Any:
-        self._thread.join(10)
+        self._thread.join(FAILURE_NET)
         assert not self._thread.is_alive(), "background call never finished"
         self._conn.close()
+        self._watch.close()
         if self.error:
             raise self.error
         return self.result
@@ -120,22 +169,23 @@ def test_two_dequeues_on_one_busy_channel_do_not_answer_empty(dsn: str, conn: Co
         first = dequeue(other)
         assert len(first) == 1
         # The channel row is locked by the open dequeue; a second dequeue must wait
-        # for it, not report an empty queue.
+        # for it, not report an empty queue. It waits at most 200 ms (by the server's
+        # clock) before it answers "nothing available": commit as soon as it waits.
         second = Background(dsn, lambda c: dequeue(c))
-        assert second.blocked(0.05)
+        assert second.waits_for(other)
     got = second.join()
     assert len(got) == 1 and got[0].id != first[0].id
 
 
-def test_dequeue_does_not_hang_on_a_channel_held_by_a_long_transaction(conn: Conn, other: Conn) -> None:
-    import time
-
+def test_dequeue_does_not_hang_on_a_channel_held_by_a_long_transaction(
+        dsn: str, conn: Conn, other: Conn) -> None:
     create_many(conn, ["only"] * 2)
     with open_transaction(other):
         assert len(dequeue(other)) == 1  # ...and the transaction stays open
-        started = time.monotonic()
-        assert dequeue(conn) == []
-        assert time.monotonic() - started < 2.0
+        # It answers while the channel is still held (a dequeue that waited for the
+        # transaction to end would never answer here).
+        blocked = Background(dsn, lambda c: dequeue(c))
+        assert blocked.join() == []
 
 
 def test_a_dequeue_that_waited_and_found_nothing_keeps_no_channel_locked(
@@ -151,12 +201,13 @@ def test_a_dequeue_that_waited_and_found_nothing_keeps_no_channel_locked(
     try:
         with open_transaction(other):
             assert len(dequeue(other, n=2)) == 2  # drains both channels, holds both rows
+            waiter_pid = waiter_conn.info.backend_pid
             waiter = threading.Thread(target=lambda: answered.append(dequeue(waiter_conn)),
                                       daemon=True)
             waiter.start()
-            waiter.join(0.2)
-            assert waiter.is_alive(), "the dequeue should wait for the busy channels"
-        waiter.join(10)
+            assert waits_for(conn, waiter_pid, other, waiter.is_alive), \
+                "the dequeue should wait for the busy channels"
+        waiter.join(FAILURE_NET)
         assert answered == [[]]  # both drained; its transaction is still open
         conn.execute("SET lock_timeout = '2s'")
         assert create(conn, "a", b"next")[1] == "created"  # wakes "a": takes its row
@@ -185,7 +236,7 @@ def test_two_producers_racing_on_one_dedup_key_create_it_once(
         first = create(other, "race", b"one", dedup_key="k")
         assert first[1] == "created"
         second = Background(dsn, lambda c: create(c, "race", b"two", dedup_key="k"))
-        assert second.blocked(0.3)
+        assert second.waits_for(other)
     assert second.join() == (first[0], "duplicate")
     assert problems(conn) == []
     assert [d.id for d in dequeue(conn, n=5)] == [*waiting, first[0]]
@@ -205,7 +256,7 @@ def test_batch_producer_does_not_wait_for_a_channel_another_producer_wakes(
     with other.transaction():
         assert create_many(other, ["b"])[0][2] == "created"  # wakes b, holds its row
         batch = Background(dsn, lambda c: create_many(c, ["a", "b", "a"]))
-        assert not batch.blocked(5.0), "the batch must not wait for b's row"
+        assert batch.finishes_without_waiting_for(other), "the batch must not wait for b's row"
         assert [status for _, _, status in batch.join()] == ["created"] * 3
         queued = conn.execute("SELECT count(*) FROM fairq.channel_wake w"
                               " JOIN fairq.channel c ON c.id = w.channel_id"
@@ -230,27 +281,35 @@ def test_channel_collected_while_a_producer_queues_its_wake_keeps_the_message(
     commits before the completion takes the producer lock. The collection must look
     again under that lock and keep the channel: the message is delivered. The window
     is microseconds wide in production (the full soak hit it once in 10^6 messages);
-    here fairq.channel_quiet is slowed down to hold it open."""
+    here fairq.channel_quiet first waits for an advisory lock that the test holds
+    until the producer has committed, to hold it open."""
     create(conn, "x", b"first")
     first = dequeue_one(conn)
     assert first is not None  # x is now idle: nothing due, one message in flight
     original = conn.execute(
         "SELECT pg_get_functiondef('fairq.channel_quiet(text)'::regprocedure)").fetchone()
     assert original is not None
-    conn.execute("""
+    conn.execute(f"""
         CREATE OR REPLACE FUNCTION fairq.channel_quiet(p_channel text) RETURNS boolean
         LANGUAGE plpgsql AS $$
         BEGIN
-            PERFORM pg_sleep(0.6);  -- the producer commits meanwhile
+            PERFORM pg_advisory_xact_lock_shared({GATE_KEY});  -- the producer commits meanwhile
             RETURN pg_try_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
         END $$""")
+    gate = psycopg.connect(dsn, autocommit=True)
     try:
+        gate.execute(f"SELECT pg_advisory_lock({GATE_KEY})")
         completion = Background(dsn, lambda c: complete(c, first))
-        assert completion.blocked(0.2), "the completion should be collecting x"
-        created = create(other, "x", b"second")  # x's row is held: the wake is queued
+        assert completion.waits_for(gate), "the completion should be collecting x"
+        # x's row is held by the completion: the producer queues the wake, it does not
+        # wait (a wait would last until the failure net, the completion being held).
+        other.execute(f"SET lock_timeout = '{int(FAILURE_NET)}s'")
+        created = create(other, "x", b"second")
         assert created[1] == "created"
+        gate.execute(f"SELECT pg_advisory_unlock({GATE_KEY})")
         assert completion.join() == "completed"
     finally:
+        gate.close()
         conn.execute(original[0])
     assert problems(conn) == []
     got = dequeue(conn)
@@ -262,7 +321,8 @@ def test_concurrent_dequeues_spread_over_channels_without_waiting(dsn: str, conn
     with open_transaction(other):
         first = dequeue(other)
         second = Background(dsn, lambda c: dequeue(c))
-        assert not second.blocked(2.0), "SKIP LOCKED must move on to the next channel"
+        assert second.finishes_without_waiting_for(other), \
+            "SKIP LOCKED must move on to the next channel"
         got = second.join()
     assert {first[0].channel, got[0].channel} == {"a", "b"}
 
@@ -288,7 +348,7 @@ def test_lock_recovery_racing_complete_fences_the_old_holder(dsn: str, conn: Con
         again = dequeue(other)  # recovers and re-delivers with attempt 2
         assert len(again) == 1 and again[0].num_attempts == 2 and again[0].recovered
         late = Background(dsn, lambda c: complete(c, d))
-        assert late.blocked()
+        assert late.waits_for(other)
     assert late.join() == "stale"
     assert complete(conn, again[0]) == "completed"
     assert problems(conn) == []
@@ -315,7 +375,7 @@ def test_expiry_racing_heartbeat_fences_the_heartbeat(dsn: str, conn: Conn, othe
         again: list[Delivery] = dequeue(other)
         assert len(again) == 1
         late = Background(dsn, lambda c: call(c, "message_heartbeat", d.id, d.num_attempts, 60_000))
-        assert late.blocked()
+        assert late.waits_for(other)
     assert late.join() == "stale"
 
 
@@ -326,7 +386,7 @@ def test_two_completes_of_one_message_settle_once(dsn: str, conn: Conn, other: C
     with open_transaction(other):
         assert complete(other, d) == "completed"
         twin = Background(dsn, lambda c: complete(c, d))
-        assert twin.blocked()
+        assert twin.waits_for(other)
     assert twin.join() == "not_found"
     row = conn.execute("SELECT in_flight FROM fairq.channel WHERE name = 'c'").fetchone()
     assert row is None or row[0] == 0

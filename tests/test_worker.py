@@ -13,20 +13,29 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from fairq import Backoff, CreateStatus, Message, NewMessage, Queue, SettleStatus, Worker
 
 TESTS = Path(__file__).parent
 FAIRQ = Path(sys.executable).parent / "fairq"
-FAST = {"poll_interval": timedelta(milliseconds=200), "grace_period": timedelta(seconds=5)}
 
 
-def eventually(condition: Callable[[], Any], timeout: float = 10.0) -> Any:
-    """Polls until ``condition()`` is truthy, returning it; fails after ``timeout`` s."""
+class _Fast(TypedDict):
+    poll_interval: timedelta
+    grace_period: timedelta
+
+
+FAST: _Fast = {"poll_interval": timedelta(milliseconds=200), "grace_period": timedelta(seconds=5)}
+
+
+def eventually(condition: Callable[[], Any], timeout: float = 60.0) -> Any:
+    """Polls until ``condition()`` is truthy, returning it; fails after ``timeout`` s
+    (a failure net only: tests wait for conditions, not for time to pass)."""
     deadline = time.monotonic() + timeout
     while not (result := condition()):
         assert time.monotonic() < deadline, "condition not met in time"
@@ -49,7 +58,8 @@ def running(worker: Worker[Any]) -> Iterator[None]:
 @pytest.fixture
 def queue(dsn: str) -> Iterator[Queue[bytes]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'ALTER DATABASE "{conn.info.dbname}" SET fairq.history = on')  # type: ignore[arg-type]
+        conn.execute(sql.SQL("ALTER DATABASE {} SET fairq.history = on")
+                     .format(sql.Identifier(conn.info.dbname)))
     with Queue(dsn) as q:
         yield q
 
@@ -66,18 +76,38 @@ def test_heartbeat_keeps_a_short_lock_through_a_long_handler(queue: Queue[bytes]
                                                               dsn: str) -> None:
     sent = queue.send("long", b"job")
     attempts: list[int] = []
+    release = threading.Event()
+    lock = timedelta(seconds=1)
 
     def handler(message: Message[bytes]) -> None:
         attempts.append(message.num_attempts)
-        time.sleep(3)
+        assert release.wait(120), "never released"
 
-    worker = Worker(queue, handler, lock=timedelta(seconds=1), **FAST)
+    def lock_state() -> tuple[Any, Any]:
+        """(locked_until of the message, fairq.clock()) in one statement."""
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT locked_until, fairq.clock() FROM fairq.message"
+                               " WHERE id = %s", (sent.id,)).fetchone()
+        assert row is not None
+        return row[0], row[1]
+
+    worker = Worker(queue, handler, lock=lock, **FAST)
     with running(worker), Queue(dsn) as thief:
         eventually(lambda: attempts)
-        # Three lock lengths: had the lock lapsed, this consumer would get the message.
-        while len(completions(dsn)) == 0:
+        first_until, _ = lock_state()
+        # The handler runs until the database clock is two lock lengths past the first
+        # lock's expiry. Until then (and once more after), a consumer tries to take the
+        # message: had the lock lapsed, it would get it.
+        renewed_until, now = first_until, None
+        deadline = time.monotonic() + 120  # a failure net
+        while now is None or now <= first_until + 2 * lock:
+            assert time.monotonic() < deadline, "the database clock did not advance"
+            renewed_until, now = lock_state()
             assert thief.dequeue(timedelta(seconds=10)) == []
-            time.sleep(0.2)
+            time.sleep(0.05)
+        release.set()
+        eventually(lambda: completions(dsn))
+    assert renewed_until > first_until + lock  # heartbeats renewed it, more than once
     assert attempts == [1]
     assert completions(dsn) == [(sent.id, 1)]
 
@@ -141,12 +171,17 @@ def test_concurrency_runs_handlers_in_parallel(queue: Queue[bytes], dsn: str) ->
     running_now: list[int] = []
     peak = [0]
     guard = threading.Lock()
+    all_running = threading.Event()
 
     def handler(message: Message[bytes]) -> None:
         with guard:
             running_now.append(message.id)
             peak[0] = max(peak[0], len(running_now))
-        time.sleep(0.3)
+            if peak[0] == 4:
+                all_running.set()
+        # Each handler runs until all four run at once (or a failure net expires):
+        # a worker running them one after another never gets there.
+        all_running.wait(20)
         with guard:
             running_now.remove(message.id)
 
@@ -175,9 +210,16 @@ def test_periodic_schedule_enqueues_work_each_tick(queue: Queue[bytes], dsn: str
 
 
 def _worker_process(dsn: str, marks: Path, *options: str) -> subprocess.Popen[bytes]:
+    """A `fairq worker` process running worker_handlers.gated: each delivery runs until
+    the test creates ``marks/release``. Its log goes to ``marks/worker.log``."""
     env = {**os.environ, "PYTHONPATH": str(TESTS), "FAIRQ_TEST_MARKS": str(marks)}
-    return subprocess.Popen([str(FAIRQ), "--dsn", dsn, "worker", "worker_handlers:slow",
-                             "--poll", "0.2", *options], env=env)
+    with open(marks / "worker.log", "ab") as log:  # the child keeps its own copy
+        return subprocess.Popen([str(FAIRQ), "--dsn", dsn, "worker", "worker_handlers:gated",
+                                 "--poll", "0.2", *options], env=env, stderr=log)
+
+
+def _log(marks: Path) -> str:
+    return (marks / "worker.log").read_text()
 
 
 def _marks(marks: Path, kind: str) -> set[int]:
@@ -186,19 +228,26 @@ def _marks(marks: Path, kind: str) -> set[int]:
 
 def test_sigterm_finishes_in_flight_work_and_loses_nothing(queue: Queue[bytes], dsn: str,
                                                           tmp_path: Path) -> None:
-    sent = queue.send_many([NewMessage(f"t{i}", b"0.5") for i in range(5)])
+    sent = queue.send_many([NewMessage(f"t{i}", b"120") for i in range(5)])
     ids = {r.id for r in sent}
-    proc = _worker_process(dsn, tmp_path, "--concurrency", "2", "--lock", "1", "--grace", "5")
+    proc = _worker_process(dsn, tmp_path, "--concurrency", "2", "--lock", "1", "--grace", "60")
     try:
+        # Both handlers are running (and held there) when SIGTERM arrives; they are let
+        # go only once the worker has taken the signal.
         eventually(lambda: len(_marks(tmp_path, "started")) >= 2)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        eventually(lambda: "received SIGTERM" in _log(tmp_path))
+        in_flight = _marks(tmp_path, "started")
+        (tmp_path / "release").touch()
+        assert proc.wait(timeout=60) == 0, _log(tmp_path)
     finally:
         proc.kill()
     done = completions(dsn)
     completed = {i for i, _ in done}
     assert len(done) == len(completed)  # each completed once
-    assert _marks(tmp_path, "started") <= completed  # in-flight work finished in grace
+    assert len(in_flight) == 2
+    assert _marks(tmp_path, "started") == in_flight  # nothing new taken after SIGTERM
+    assert in_flight <= completed  # in-flight work finished in grace
     left = queue.dequeue(timedelta(seconds=30), 10)
     assert {m.id for m in left} == ids - completed  # the rest is back in the queue
     assert all(m.num_attempts == 1 and not m.recovered for m in left)
@@ -206,12 +255,12 @@ def test_sigterm_finishes_in_flight_work_and_loses_nothing(queue: Queue[bytes], 
 
 def test_sigterm_hands_back_work_that_outlives_the_grace_period(queue: Queue[bytes], dsn: str,
                                                                tmp_path: Path) -> None:
-    sent = queue.send("t", b"60")
+    sent = queue.send("t", b"120")  # never released: it outlives any grace period
     proc = _worker_process(dsn, tmp_path, "--lock", "30", "--grace", "0.3")
     try:
         eventually(lambda: _marks(tmp_path, "started"))
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=60) == 0, _log(tmp_path)
     finally:
         proc.kill()
     # Back at once (deferred, not waiting 30 s for the lock), its attempt counted.
@@ -223,12 +272,12 @@ def test_sigterm_hands_back_work_that_outlives_the_grace_period(queue: Queue[byt
 def test_sigkill_message_returns_after_its_lock_and_completes_once(queue: Queue[bytes],
                                                                   dsn: str,
                                                                   tmp_path: Path) -> None:
-    sent = queue.send("k", b"60")
+    sent = queue.send("k", b"120")  # never released: killed while it runs
     proc = _worker_process(dsn, tmp_path, "--lock", "1")
     try:
         eventually(lambda: _marks(tmp_path, "started"))
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.wait(timeout=60)
     finally:
         proc.kill()
     assert queue.channels("k")[0].in_flight == 1  # still locked by the dead worker
@@ -236,6 +285,6 @@ def test_sigkill_message_returns_after_its_lock_and_completes_once(queue: Queue[
     seen: list[tuple[int, bool]] = []
     worker = Worker(queue, lambda m: seen.append((m.num_attempts, m.recovered)), **FAST)
     with running(worker):
-        eventually(lambda: completions(dsn), timeout=5)
+        eventually(lambda: completions(dsn))  # once its lock of 1 s has expired
     assert seen == [(2, True)]
     assert completions(dsn) == [(sent.id, 2)]

@@ -1,4 +1,4 @@
-"""Handlers for worker processes started by the tests (``fairq worker worker_handlers:slow``).
+"""Handlers for worker processes started by the tests (``fairq worker worker_handlers:gated``).
 
 They leave marks as files in $FAIRQ_TEST_MARKS, so a test can see from outside the
 process which deliveries started and which finished.
@@ -18,8 +18,15 @@ def _mark(kind: str, message: Message[bytes]) -> None:
     (marks / f"{kind}-{message.id}-{message.num_attempts}").touch()
 
 
-def slow(message: Message[bytes]) -> None:
-    """Sleeps as many seconds as the content says."""
+def gated(message: Message[bytes]) -> None:
+    """Runs until the test creates the file ``release`` in $FAIRQ_TEST_MARKS, so that a
+    test decides by events, not by timing, when a delivery finishes. The content is a
+    safety limit in seconds: past it, the handler fails."""
     _mark("started", message)
-    time.sleep(float(message.content.decode()))
+    release = Path(os.environ["FAIRQ_TEST_MARKS"]) / "release"
+    give_up = time.monotonic() + float(message.content.decode())
+    while not release.exists():
+        if time.monotonic() > give_up:
+            raise TimeoutError("never released")
+        time.sleep(0.01)
     _mark("done", message)
