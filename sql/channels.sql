@@ -8,14 +8,18 @@
 --     advisory locks only by trying, so fairq calls do not wait for one another in a
 --     cycle (a dequeue that buries a message may still wait for a bounded channel's
 --     size row);
---   * producers take no lock on their channel row: they hold the channel's producer
---     lock (a transaction-level advisory lock on the channel name, shared among
---     producers), which dequeues and settlements never wait for, so an open producer
---     transaction never hides or blocks its channel. Only a change that would make a
---     channel *less* eligible (going idle, removal) needs to know that no producer is
---     mid-insert, and it learns that by trying the producer lock exclusively, never by
---     waiting. (Row share locks would do the same job, but the MultiXacts they create
---     make even SKIP LOCKED wait, and deadlock, when it follows a row's update chain.)
+--   * producers never lock a channel row: they hold the channel's producer lock (a
+--     transaction-level advisory lock on the channel name, shared among producers),
+--     which dequeues and settlements never wait for, and an idle channel's wake is
+--     queued (fairq.channels_wake), so an open producer transaction never hides or
+--     blocks its channel. Only a change that would make a channel *less* eligible
+--     (going idle, removal) needs to know that no producer is mid-insert, and it
+--     learns that by trying the producer lock exclusively, never by waiting. (Row
+--     share locks would do the same job, but the MultiXacts they create make even
+--     SKIP LOCKED wait, and deadlock, when it follows a row's update chain.)
+--   * a channel with no policy and nothing in it stays, idle, until the collector
+--     removes it (fairq.collect_idle_channels): a tenant that sends again soon finds
+--     its row, and no settlement has to delete one;
 --   * a channel joins the round-robin at the back (its turn is "now"), a served
 --     channel goes to the back, and a rate-limited channel's turn is never earlier
 --     than its last release plus release_interval_ms.
@@ -39,6 +43,13 @@ AS $$
                             p_last_release_at + fairq.ms(p_release_interval_ms)))
     END
 $$;
+
+-- Since when a channel with pending work due at p_due_at has been idle: NULL while it
+-- has pending work, else the earlier idle time, or now.
+CREATE FUNCTION fairq.idle_since(p_due_at timestamptz, p_idle_since timestamptz, p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT CASE WHEN p_due_at IS NULL THEN coalesce(p_idle_since, p_now) END $$;
 
 -- Writes back a channel row its caller has locked and changed. p_keep_turn keeps an
 -- earlier turn (create, defer, settle); without it the turn is recomputed from
@@ -66,7 +77,8 @@ BEGIN
            last_release_at = p_channel.last_release_at,
            due_at = p_channel.due_at,
            turn_at = p_channel.turn_at,
-           turn_seq = p_channel.turn_seq
+           turn_seq = p_channel.turn_seq,
+           idle_since = fairq.idle_since(p_channel.due_at, p_channel.idle_since, p_now)
      WHERE id = p_channel.id;
     RETURN p_channel;
 END
@@ -127,7 +139,9 @@ $$;
 -- write it back. Making the channel less eligible (nothing due now, or nothing at
 -- all) first takes the producer lock and then looks again, in a new snapshot: a
 -- producer mid-insert means "keep it due now", and one that committed just before
--- the lock is seen by the second look.
+-- the lock is seen by the second look. That look sees every committed message, so
+-- the channel's queued wakes are spent: they are dropped (the caller holds the row,
+-- as fairq.apply_wakes would).
 CREATE FUNCTION fairq.settled_due_at(p_channel_id bigint, p_channel_name text, p_now timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -140,33 +154,47 @@ BEGIN
             RETURN p_now;
         END IF;
         v_due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
+        DELETE FROM fairq.channel_wake w WHERE w.channel_id = p_channel_id;
     END IF;
     RETURN v_due_at;
 END
 $$;
 
--- Removes a channel that has no policy and no messages, unless a producer is
--- inserting into it. The caller holds the row and has checked due_at IS NULL. (A
--- channel without policy counts no in_flight: its locked messages are looked up.)
-CREATE FUNCTION fairq.channel_collect(p_channel fairq.channel) RETURNS void
+-- The collector: removes channels that have no policy and have held nothing for at
+-- least the setting fairq.idle_channel_ttl (default 10 s; a PostgreSQL interval),
+-- longest idle first, at most p_limit. Dequeues call it once a second (see
+-- fairq.message_dequeue), so the channel table holds the tenants active lately, not
+-- every tenant ever seen. A channel is removed only when, under its producer lock
+-- (taken by trying, never waiting) and in a snapshot taken after that lock, it holds
+-- no message and no queued wake: a producer that committed a message or a wake just
+-- before is seen, and one that comes later waits for the lock and then creates the
+-- channel anew. Rows another transaction holds are skipped. Returns how many it
+-- removed.
+CREATE FUNCTION fairq.collect_idle_channels(p_now timestamptz, p_limit integer) RETURNS integer
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_ttl interval := coalesce(nullif(current_setting('fairq.idle_channel_ttl', true), '')::interval,
+                               interval '10 s');
+    v_quiet bigint[];
+    v_removed integer;
 BEGIN
-    IF NOT p_channel.has_policy AND p_channel.due_at IS NULL
-       AND NOT EXISTS (SELECT 1 FROM fairq.message m
-                        WHERE m.channel_id = p_channel.id AND m.status = 'locked')
-       AND fairq.channel_quiet(p_channel.name) THEN
-        -- Look again under the producer lock, in a new snapshot. A producer does not
-        -- wait for the row this caller holds: it may have committed a message and
-        -- queued the channel's wake (fairq.channels_wake) since the row was read, and
-        -- before the lock was free. Then due_at is NULL although the channel is not
-        -- empty. (Found by the bench's soak: one message in 10^6 left without a
-        -- channel.)
-        IF NOT EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = p_channel.id)
-           AND (SELECT p.due_at FROM fairq.pending_due_at(p_channel.id) AS p) IS NULL THEN
-            DELETE FROM fairq.channel WHERE id = p_channel.id;
-        END IF;
+    v_quiet := ARRAY(
+        SELECT c.id FROM (SELECT c.id, c.name FROM fairq.channel c
+                           WHERE c.idle_since <= p_now - v_ttl AND NOT c.has_policy
+                           ORDER BY c.idle_since
+                           LIMIT p_limit
+                             FOR NO KEY UPDATE SKIP LOCKED) c
+         WHERE fairq.channel_quiet(c.name));
+    IF cardinality(v_quiet) = 0 THEN
+        RETURN 0;
     END IF;
+    DELETE FROM fairq.channel c
+     WHERE c.id = ANY (v_quiet)
+       AND NOT EXISTS (SELECT 1 FROM fairq.message m WHERE m.channel_id = c.id)
+       AND NOT EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = c.id);
+    GET DIAGNOSTICS v_removed = ROW_COUNT;
+    RETURN v_removed;
 END
 $$;
 
@@ -181,8 +209,8 @@ BEGIN
        FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name) ORDER BY u.name) n;
     -- A name inserted concurrently is waited for, then left alone: the next
     -- statement's snapshot sees it either way.
-    INSERT INTO fairq.channel (name)
-    SELECT DISTINCT u.name FROM unnest(p_names) AS u(name)
+    INSERT INTO fairq.channel (name, idle_since)
+    SELECT DISTINCT u.name, fairq.clock() FROM unnest(p_names) AS u(name)
      WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.name = u.name)
      ORDER BY u.name
     ON CONFLICT (name) DO NOTHING;
@@ -190,8 +218,8 @@ BEGIN
 END
 $$;
 
--- The channel row, locked for a change. Callers already hold the message they act
--- on (lock order: message, then channel).
+-- The channel row, locked for a change, its queued wakes folded in. Callers already
+-- hold the message they act on (lock order: message, then channel).
 CREATE FUNCTION fairq.channel_lock(p_channel_id bigint) RETURNS fairq.channel
 LANGUAGE plpgsql
 AS $$
@@ -199,7 +227,7 @@ DECLARE
     v_channel fairq.channel;
 BEGIN
     SELECT * INTO v_channel FROM fairq.channel WHERE id = p_channel_id FOR NO KEY UPDATE;
-    RETURN v_channel;
+    RETURN fairq.channel_with_wakes(v_channel);
 END
 $$;
 
@@ -212,131 +240,123 @@ AS $$
     SELECT p_channel_due_at IS NULL OR (p_due_at < p_channel_due_at AND p_channel_due_at > p_now)
 $$;
 
--- Wakes for channel rows the caller holds: each channel's due_at moves to its wake's
--- due time if that is earlier, and its turn is recomputed as of woken_at, keeping an
--- earlier turn (the set-based form of channel_store with p_keep_turn). A channel
--- whose turn changes takes the wake's turn_seq. Serves the producers that wake
--- channels (fairq.channels_wake) and the dequeues that apply queued wakes
--- (fairq.apply_wakes).
-CREATE FUNCTION fairq.channels_store_wakes(p_channel_ids bigint[], p_due_ats timestamptz[],
-                                           p_woken_ats timestamptz[], p_turn_seqs bigint[])
-RETURNS void
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    UPDATE fairq.channel c
-       SET due_at = w.due_at,
-           turn_at = w.turn_at,
-           turn_seq = CASE WHEN w.turn_at IS NULL THEN NULL
-                           WHEN w.turn_at IS DISTINCT FROM c.turn_at THEN w.turn_seq
-                           ELSE c.turn_seq END
-      FROM (SELECT k.id, k.due_at, k.turn_seq,
-                   fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
-                                   k.in_flight, k.max_concurrency, k.woken_at) AS turn_at
-              FROM (SELECT c.id, c.turn_at, c.last_release_at, c.release_interval_ms,
-                           c.in_flight, c.max_concurrency, LEAST(c.due_at, u.due_at) AS due_at,
-                           u.woken_at, u.turn_seq
-                      FROM unnest(p_channel_ids, p_due_ats, p_woken_ats, p_turn_seqs)
-                           AS u(id, due_at, woken_at, turn_seq)
-                      JOIN fairq.channel c ON c.id = u.id
-                     WHERE c.id = ANY (p_channel_ids)
-                    OFFSET 0) k) w  -- keeps w.due_at a plain column, so next_turn is inlined
-     WHERE c.id = ANY (p_channel_ids) AND c.id = w.id;
-END
-$$;
-
 -- For a producer holding the channels' producer locks (create, dead-letter retry):
--- move forward the turns of those (p_channel_ids, each with the earliest due time its
--- new messages need) that need it (fairq.needs_wake). The rows free right now are
--- locked in id order and updated (woken). A row another transaction holds (a
--- producer waking the same channel, a dequeue, a settlement) is not waited for: its
--- wake is queued in fairq.channel_wake, committed with the producer's messages, and
--- the next dequeue applies it (queued). So producers never queue behind each other on
--- channel rows: a batch over many idle channels used to hold every row it had woken
--- while it waited for the next one, and other producers waited for it in turn. Each
--- channel takes its turn_seq in id order, woken ones first.
+-- the channels among p_channel_ids (each with the earliest due time its new messages
+-- need) whose turn those messages must bring forward (fairq.needs_wake). Their wakes
+-- are queued in fairq.channel_wake, committed with the messages, and the next
+-- dequeues apply them (fairq.apply_wakes) with the turn_seq given here, in id order.
+-- A producer never locks a channel row: one that did, for a wake, kept it until
+-- commit, so an open producer transaction hid the channel's other messages from
+-- workers and made its completions wait. Returns the channels woken.
 CREATE FUNCTION fairq.channels_wake(p_channel_ids bigint[], p_due_ats timestamptz[],
-                                    p_now timestamptz, OUT woken bigint[], OUT queued bigint[])
+                                    p_now timestamptz) RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_needed bigint[] := ARRAY(
-        SELECT c.id FROM fairq.channel c
-          JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
-         WHERE c.id = ANY (p_channel_ids) AND fairq.needs_wake(c.due_at, e.due_at, p_now)
-         ORDER BY c.id);
-    v_turn_seqs bigint[];
+    v_woken bigint[];
 BEGIN
-    woken := '{}';
-    queued := '{}';
-    IF cardinality(v_needed) = 0 THEN  -- a backlogged channel: the usual case
-        RETURN;
-    END IF;
-    woken := ARRAY(
-        SELECT c.id FROM fairq.channel c
-          JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
-         WHERE c.id = ANY (v_needed) AND fairq.needs_wake(c.due_at, e.due_at, p_now)
-         ORDER BY c.id
-           FOR NO KEY UPDATE OF c SKIP LOCKED);
-    -- Skipped rows, and rows that changed and no longer need a wake (harmless: a
-    -- wake only ever moves a turn earlier).
-    queued := ARRAY(SELECT n.id FROM unnest(v_needed) AS n(id) WHERE n.id <> ALL (woken) ORDER BY n.id);
-    v_turn_seqs := ARRAY(SELECT nextval('fairq.turn_seq') FROM generate_series(1, cardinality(v_needed)));
-    PERFORM fairq.channels_store_wakes(array_agg(e.id ORDER BY w.pos), array_agg(e.due_at ORDER BY w.pos),
-                                       array_agg(p_now ORDER BY w.pos),
-                                       array_agg(v_turn_seqs[w.pos] ORDER BY w.pos))
-       FROM unnest(woken) WITH ORDINALITY AS w(id, pos)
-       JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = w.id;
-    INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq)
-    SELECT q.id, e.due_at, p_now, v_turn_seqs[cardinality(woken) + q.pos]
-      FROM unnest(queued) WITH ORDINALITY AS q(id, pos)
-      JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = q.id;
+    WITH queued AS (
+        INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq)
+        SELECT n.id, n.due_at, p_now, nextval('fairq.turn_seq')
+          FROM (SELECT c.id, e.due_at FROM fairq.channel c
+                  JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
+                 -- The channel as the next dequeue will see it: with the wakes already
+                 -- queued (those of producers still open are not seen; a second wake
+                 -- is harmless: applied, it only moves a turn earlier).
+                 WHERE c.id = ANY (p_channel_ids)
+                   AND fairq.needs_wake(LEAST(c.due_at, (SELECT min(w.due_at) FROM fairq.channel_wake w
+                                                          WHERE w.channel_id = c.id)),
+                                        e.due_at, p_now)
+                 ORDER BY c.id
+                OFFSET 0) n
+        RETURNING channel_id)
+    SELECT coalesce(array_agg(q.channel_id), '{}') INTO v_woken FROM queued q;
+    RETURN v_woken;
 END
 $$;
 
--- For a dequeue, before it picks: apply the queued wakes (fairq.channels_wake) of
--- channels whose rows are free, as the producer would have: the channel's due_at
--- moves to the earliest wake, its turn is computed as of the first wake and takes
--- that wake's turn_seq. A channel whose row is held keeps its wakes for a later
--- dequeue. True if it applied any (the caller then holds those channel rows).
-CREATE FUNCTION fairq.apply_wakes() RETURNS boolean
+-- Applies the queued wakes (fairq.channels_wake) of channels whose rows the caller
+-- holds, as if each had been applied when it was queued, in order, as of its
+-- woken_at (channel_store keeping an earlier turn): the channel's due_at moves to the
+-- earliest wake's; its turn becomes the earliest any wake gives, with the turn_seq of
+-- the first wake that gave it. Every caller that locks a channel row to change its
+-- turn folds its wakes in first (fairq.channel_lock, the dequeue's pick, recovery,
+-- completions), so a wake never acts after a later change. Only the holder of a
+-- channel's row takes its wakes; a wake committed after this statement's snapshot
+-- waits for a later one.
+CREATE FUNCTION fairq.fold_wakes(p_channel_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    v_channel_ids bigint[];
-    v_due_ats timestamptz[];
-    v_woken_ats timestamptz[];
-    v_turn_seqs bigint[];
 BEGIN
     WITH taken AS (
-        SELECT w.ctid AS wake, w.channel_id, w.due_at, w.woken_at, w.turn_seq
-          FROM fairq.channel_wake w
-          JOIN fairq.channel c ON c.id = w.channel_id
-         ORDER BY w.channel_id, w.turn_seq
-           FOR UPDATE OF w SKIP LOCKED
-           FOR NO KEY UPDATE OF c SKIP LOCKED
-    ), dropped AS (
-        DELETE FROM fairq.channel_wake w USING taken t WHERE w.ctid = t.wake
+        DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_channel_ids)
+        RETURNING w.channel_id, w.due_at, w.woken_at, w.turn_seq
+    ), folded AS (  -- each wake's turn, applied after the ones queued before it
+        SELECT t.channel_id, t.turn_seq, f.due_at,
+               fairq.next_turn(NULL, f.due_at, c.last_release_at, c.release_interval_ms,
+                               c.in_flight, c.max_concurrency, t.woken_at) AS turn_at
+          FROM taken t
+          JOIN fairq.channel c ON c.id = t.channel_id
+         CROSS JOIN LATERAL (SELECT LEAST(c.due_at, min(t2.due_at)) AS due_at
+                               FROM taken t2
+                              WHERE t2.channel_id = t.channel_id AND t2.turn_seq <= t.turn_seq) f
+         WHERE c.id = ANY (p_channel_ids)
+    ), best AS (
+        SELECT DISTINCT ON (f.channel_id) f.channel_id, f.turn_at, f.turn_seq,
+               min(f.due_at) OVER (PARTITION BY f.channel_id) AS due_at
+          FROM folded f
+         ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
     )
-    SELECT coalesce(array_agg(g.channel_id), '{}'), array_agg(g.due_at), array_agg(g.woken_at),
-           array_agg(g.turn_seq)
-      INTO v_channel_ids, v_due_ats, v_woken_ats, v_turn_seqs
-      FROM (SELECT t.channel_id, min(t.due_at) AS due_at, min(t.woken_at) AS woken_at,
-                   min(t.turn_seq) AS turn_seq
-              FROM taken t GROUP BY t.channel_id) g;
+    UPDATE fairq.channel c
+       SET due_at = b.due_at,
+           idle_since = NULL,  -- a wake always brings a due time
+           turn_at = LEAST(c.turn_at, b.turn_at),
+           turn_seq = CASE WHEN LEAST(c.turn_at, b.turn_at) IS NULL THEN NULL
+                           WHEN c.turn_at IS NULL OR b.turn_at < c.turn_at THEN b.turn_seq
+                           ELSE c.turn_seq END
+      FROM best b
+     WHERE c.id = ANY (p_channel_ids) AND c.id = b.channel_id;
+END
+$$;
+
+-- For a dequeue, before it picks: fold in the queued wakes of the channels whose
+-- wakes give the earliest turns, at most p_limit channels and only those whose rows
+-- are free. True if it applied any (the caller then holds those rows).
+CREATE FUNCTION fairq.apply_wakes(p_limit integer) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_channel_ids bigint[] := ARRAY(
+        SELECT DISTINCT t.id FROM (
+            SELECT c.id FROM fairq.channel_wake w JOIN fairq.channel c ON c.id = w.channel_id
+             ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
+             LIMIT p_limit
+               FOR NO KEY UPDATE OF c SKIP LOCKED) t);
+BEGIN
     IF cardinality(v_channel_ids) = 0 THEN
         RETURN false;
     END IF;
-    PERFORM fairq.channels_store_wakes(v_channel_ids, v_due_ats, v_woken_ats, v_turn_seqs);
+    PERFORM fairq.fold_wakes(v_channel_ids);
     RETURN true;
 END
 $$;
 
+-- A channel row the caller has just locked, with its queued wakes folded in.
+CREATE FUNCTION fairq.channel_with_wakes(p_channel fairq.channel) RETURNS fairq.channel
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = p_channel.id) THEN
+        PERFORM fairq.fold_wakes(ARRAY[p_channel.id]);
+        SELECT * INTO p_channel FROM fairq.channel WHERE id = p_channel.id;
+    END IF;
+    RETURN p_channel;
+END
+$$;
+
 -- A channel whose due_at may be too early: a dequeue picked it and found nothing to
--- hand out (a cancelled or concurrently taken head), or a create woke it for
--- messages that were not created after all (dropped, duplicates). Recompute its
--- turn from what it holds (taking p_turn_seq, or the next value); if it is empty,
--- collect it.
+-- hand out (a cancelled or concurrently taken head). Recompute its turn from what it
+-- holds (taking p_turn_seq, or the next value).
 CREATE FUNCTION fairq.channel_retire(p_channel_id bigint, p_now timestamptz, p_turn_seq bigint)
 RETURNS void
 LANGUAGE plpgsql
@@ -345,8 +365,7 @@ DECLARE
     v_channel fairq.channel := fairq.channel_lock(p_channel_id);
 BEGIN
     v_channel.due_at := fairq.settled_due_at(p_channel_id, v_channel.name, p_now);
-    v_channel := fairq.channel_store(v_channel, p_now, false, p_turn_seq);
-    PERFORM fairq.channel_collect(v_channel);
+    PERFORM fairq.channel_store(v_channel, p_now, false, p_turn_seq);
 END
 $$;
 
@@ -361,8 +380,7 @@ AS $$
 BEGIN
     p_channel.in_flight := p_channel.in_flight - fairq.slots(p_channel.max_concurrency, p_count);
     p_channel.due_at := LEAST(p_channel.due_at, p_due_at);
-    p_channel := fairq.channel_store(p_channel, p_now, true);
-    PERFORM fairq.channel_collect(p_channel);
+    PERFORM fairq.channel_store(p_channel, p_now, true);
 END
 $$;
 
@@ -468,8 +486,7 @@ BEGIN
            max_size = NULL, max_attempts = NULL, in_flight = 0
      WHERE id = v_channel.id
     RETURNING * INTO v_channel;
-    v_channel := fairq.channel_store(v_channel, v_now, false);
-    PERFORM fairq.channel_collect(v_channel);
+    PERFORM fairq.channel_store(v_channel, v_now, false);
     RETURN true;
 END
 $$;

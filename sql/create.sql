@@ -1,19 +1,18 @@
 -- create.sql — putting messages on channels.
 --
 -- Invariants:
---   * a producer holds only its channel's producer lock, and takes the row for an
---     update only when its message must bring the channel's turn forward (the
---     channel had nothing due before it) and the row is free; a held row gets a
---     queued wake instead (fairq.channels_wake). Producers never wait for a channel
---     row, and on a backlogged channel producers and workers never wait for one
---     another;
+--   * a producer holds only its channel's producer lock and never locks the channel
+--     row: when its message must bring the channel's turn forward (the channel had
+--     nothing due before it) it queues a wake that the next dequeue applies
+--     (fairq.channels_wake). Producers never wait for a channel row, and producers
+--     and workers never wait for one another;
 --   * a dequeue never makes a channel less eligible while a producer holds that
 --     lock (see channels.sql), so a message committed later is never stranded;
 --   * a bounded channel admits a message only while its count is below max_size;
 --   * at most one message per (channel, dedup_key) exists at a time;
 --   * channel rows are locked in id order, like every call that locks several.
 -- message_create_batch is the one complete code path. message_create takes a short
--- path for every channel without max_size (about 7 statements instead of 30), and
+-- path for every channel without max_size (about 6 statements instead of 30), and
 -- is message_create_batch of one element for a bounded channel; the model test
 -- holds both to the same answers. In both, a NULL dequeue_at means now
 -- and a NULL priority means 0.
@@ -45,10 +44,7 @@ DECLARE
     v_names text[];
     v_channel_ids bigint[];
     v_bounded fairq.channel[];
-    v_wake_ids bigint[];
-    v_wake_due_ats timestamptz[];
     v_woken bigint[];
-    v_queued bigint[];
     v_channel fairq.channel;
     v_channel_of bigint[];   -- per element: its channel's id
     v_first_of integer[];    -- per element: the first element with its channel and dedup key
@@ -96,20 +92,6 @@ BEGIN
            coalesce(array_agg(c ORDER BY c.id) FILTER (WHERE c.max_size IS NOT NULL), '{}')
       INTO v_names, v_channel_ids, v_bounded
       FROM fairq.channels_for_producer(p_channels) AS c;
-    -- Then move a channel's turn forward where the batch's earliest message for it is
-    -- due before everything it holds (fairq.channels_wake: rows another transaction
-    -- holds are not waited for, their wakes are queued). Doing so before inserting
-    -- keeps the lock order (channel, then size) and is harmless if nothing ends up
-    -- created: a woken channel that gets nothing is retired below.
-    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}'), coalesce(array_agg(e.earliest ORDER BY c.id), '{}')
-      INTO v_wake_ids, v_wake_due_ats
-      FROM unnest(v_names, v_channel_ids) AS c(name, id)
-      JOIN (SELECT u.channel, min(coalesce(u.dequeue_at, v_now)) AS earliest
-              FROM unnest(p_channels, p_dequeue_ats) AS u(channel, dequeue_at)
-             GROUP BY u.channel) e ON e.channel = c.name;
-    SELECT w.woken, w.queued INTO v_woken, v_queued
-      FROM fairq.channels_wake(v_wake_ids, v_wake_due_ats, v_now) AS w;
-
     SELECT array_agg(e.channel_id ORDER BY e.i), array_agg(e.first_of ORDER BY e.i)
       INTO v_channel_of, v_first_of
       FROM (SELECT u.i, c.id AS channel_id,
@@ -196,18 +178,21 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- A channel woken above that got nothing (all dropped or duplicates) must not keep
-    -- the turn it was given.
-    PERFORM fairq.channel_retire(w.id, v_now, NULL)
-       FROM unnest(v_woken) AS w(id)
-      WHERE NOT EXISTS (SELECT 1 FROM unnest(v_channel_of, v_statuses) AS u(channel_id, status)
-                         WHERE u.channel_id = w.id AND u.status = 'created');
+    -- Wake the channels whose turn the created messages bring forward: each by the
+    -- earliest of its created messages.
+    SELECT fairq.channels_wake(coalesce(array_agg(e.channel_id ORDER BY e.channel_id), '{}'),
+                               array_agg(e.earliest ORDER BY e.channel_id), v_now)
+      INTO v_woken
+      FROM (SELECT u.channel_id, min(coalesce(u.dequeue_at, v_now)) AS earliest
+              FROM unnest(v_channel_of, v_statuses, p_dequeue_ats) AS u(channel_id, status, dequeue_at)
+             WHERE u.status = 'created'
+             GROUP BY u.channel_id) e;
 
     -- A message wakes workers only where its channel's turn moved earlier.
     PERFORM fairq.notify_event('created', c.name, min(u.id), min(coalesce(u.dequeue_at, v_now)))
        FROM unnest(v_channel_of, v_ids, v_statuses, p_dequeue_ats) AS u(channel_id, id, status, dequeue_at)
        JOIN unnest(v_names, v_channel_ids) AS c(name, id) ON c.id = u.channel_id
-      WHERE u.status = 'created' AND fairq.events_wanted(c.id = ANY (v_woken || v_queued))
+      WHERE u.status = 'created' AND fairq.events_wanted(c.id = ANY (v_woken))
       GROUP BY c.name;
 
     RETURN QUERY SELECT g.i::integer, v_ids[g.i], v_statuses[g.i] FROM generate_series(1, v_count) AS g(i);
@@ -230,8 +215,7 @@ DECLARE
     v_now timestamptz := fairq.clock();
     v_due_at timestamptz := coalesce(p_dequeue_at, v_now);
     v_channel fairq.channel;
-    v_woken boolean := false;  -- this call moved the channel's turn itself
-    v_wakes boolean := false;  -- ... or queued a wake for it
+    v_wakes boolean;  -- the message brings its channel's turn forward: a wake is queued
     v_id bigint;
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
@@ -255,14 +239,8 @@ BEGIN
                                               ARRAY[p_dedup_key]) AS b;
         RETURN;
     END IF;
-    -- The batch path's order, for one message: move the channel's turn forward if the
-    -- message needs it, then look for a live message with the same dedup key, then
-    -- insert; a channel woken for a duplicate is retired (its turn recomputed).
-    IF fairq.needs_wake(v_channel.due_at, v_due_at, v_now) THEN
-        SELECT cardinality(w.woken) > 0 INTO v_woken
-          FROM fairq.channels_wake(ARRAY[v_channel.id], ARRAY[v_due_at], v_now) AS w;
-        v_wakes := true;
-    END IF;
+    -- The batch path's order, for one message: look for a live message with the same
+    -- dedup key, insert, then queue the channel's wake if the message needs one.
     IF p_dedup_key IS NOT NULL THEN
         SELECT m.id INTO v_id FROM fairq.message m
          WHERE m.channel_id = v_channel.id AND m.dedup_key = p_dedup_key;
@@ -275,6 +253,8 @@ BEGIN
         ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         RETURNING fairq.message.id INTO v_id;
         IF v_id IS NOT NULL THEN
+            v_wakes := fairq.needs_wake(v_channel.due_at, v_due_at, v_now)
+                       AND cardinality(fairq.channels_wake(ARRAY[v_channel.id], ARRAY[v_due_at], v_now)) > 0;
             IF fairq.events_wanted(v_wakes) THEN
                 PERFORM fairq.notify_event('created', p_channel, v_id, v_due_at);
             END IF;
@@ -284,10 +264,6 @@ BEGIN
         -- Another producer committed the same dedup key since the lookup.
         SELECT m.id INTO v_id FROM fairq.message m
          WHERE m.channel_id = v_channel.id AND m.dedup_key = p_dedup_key;
-    END IF;
-    -- A duplicate: a channel woken for it keeps no turn it does not need.
-    IF v_woken THEN
-        PERFORM fairq.channel_retire(v_channel.id, v_now, NULL);
     END IF;
     RETURN QUERY SELECT v_id, 'duplicate'::text;
 END

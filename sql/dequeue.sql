@@ -1,7 +1,10 @@
 -- dequeue.sql — handing out messages: the whole scheduling algorithm.
 --
 -- One call, in order:
---   0. Apply the channel wakes producers queued (fairq.apply_wakes; usually none).
+--   0. Apply the channel wakes producers queued (fairq.apply_wakes), earliest turns
+--      first, for as many channels as messages are wanted (at least 32): an idle
+--      channel that got a message joins the rotation with the turn its producer gave
+--      it.
 --   1. Recover expired locks (oldest first, at most p_max_messages per call): each
 --      message goes back to 'ready' in its channel, frees its concurrency slot and
 --      waits for the channel's next turn like any other message — a crash never lets
@@ -31,6 +34,9 @@
 -- with p_max_messages = n repeats steps 2-4 in rounds until n messages are out or no
 -- channel is eligible, and equals n single dequeues; turn_seq keeps the turns strict
 -- although every release in the call happens at the same instant.
+-- Last, once a second across all dequeues, it removes channels idle for a while
+-- (fairq.collect_idle_channels), so the channel table stays as large as the set of
+-- tenants active lately.
 -- A dequeue should run in its own transaction: it locks the channels it serves
 -- until commit.
 
@@ -74,6 +80,7 @@ BEGIN
         SELECT * INTO v_channel FROM fairq.channel
          WHERE id = v_message.channel_id FOR NO KEY UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND; -- its channel is busy; a later dequeue recovers it
+        v_channel := fairq.channel_with_wakes(v_channel);
         v_exhausted := fairq.attempts_exhausted(v_message.num_attempts, v_message.attempts_at_retry,
                                                 v_channel.max_attempts, true);
         IF v_exhausted IS NOT NULL THEN
@@ -143,16 +150,21 @@ $$;
 -- "Eligible" is judged by a clock read after the statement's snapshot (the
 -- subquery runs once, as the scan starts): every turn it can see was given by a call
 -- that read its clock before committing, so a channel that is due now is never taken
--- for a future one. Not past p_until: a channel held longer is held by a user
--- transaction, and the honest answer is then "nothing available". True when the
--- caller should pick again.
+-- for a future one. With no eligible channel, the channel of the oldest due wake is
+-- waited for: another dequeue may be applying that wake. Not past p_until: a channel
+-- held longer is held by a user transaction, and the honest answer is then "nothing
+-- available". True when the caller should pick again.
 CREATE FUNCTION fairq.wait_for_release(p_until timestamptz) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_wait_ms bigint := ceil(extract(epoch FROM p_until - clock_timestamp()) * 1000);
-    v_first bigint := (SELECT c.id FROM fairq.channel c WHERE c.turn_at <= (SELECT fairq.clock())
-                        ORDER BY c.turn_at, c.turn_seq LIMIT 1);
+    v_first bigint := coalesce(
+        (SELECT c.id FROM fairq.channel c WHERE c.turn_at <= (SELECT fairq.clock())
+          ORDER BY c.turn_at, c.turn_seq LIMIT 1),
+        (SELECT w.channel_id FROM fairq.channel_wake w
+          WHERE GREATEST(w.due_at, w.woken_at) <= (SELECT fairq.clock())
+          ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq LIMIT 1));
 BEGIN
     IF v_first IS NULL OR v_wait_ms <= 0 THEN
         RETURN false;
@@ -193,13 +205,15 @@ DECLARE
     v_count integer := 0;
     v_holds_locks boolean := false;
     v_clock_fresh boolean := false;  -- v_now was read after the last pick that found something
+    -- Queued wakes applied before a pick: as many channels as messages are wanted,
+    -- and at least 32, so that a burst of wakes rarely outruns the dequeues.
+    v_wake_limit integer := GREATEST(p_max_messages, 32);
     v_attempts_capped boolean;
 BEGIN
     PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
-    -- Step 0. Wakes that producers queued instead of waiting for a busy channel row,
-    -- applied before the pick, so those channels take the turns the producers gave.
+    -- Step 0, before the pick, so woken channels take the turns their producers gave.
     IF EXISTS (SELECT 1 FROM fairq.channel_wake) THEN
-        v_holds_locks := fairq.apply_wakes();
+        v_holds_locks := fairq.apply_wakes(v_wake_limit);
     END IF;
     -- Step 1, when the earliest lock has expired (one probe of message_locked_ix).
     IF (SELECT m.id FROM fairq.message m
@@ -231,11 +245,20 @@ BEGIN
             EXIT WHEN v_holds_locks;
             v_wait_until := coalesce(v_wait_until, clock_timestamp() + interval '200 ms');
             EXIT WHEN NOT fairq.wait_for_release(v_wait_until);
-            v_clock_fresh := false;  -- the call we waited for gave its channel a later turn
+            -- The call we waited for may have applied a wake, or left one free to apply,
+            -- and gave its channel a turn at its own clock.
+            IF EXISTS (SELECT 1 FROM fairq.channel_wake) THEN
+                v_holds_locks := fairq.apply_wakes(v_wake_limit);
+            END IF;
+            v_clock_fresh := false;
             CONTINUE;
         END IF;
         v_clock_fresh := false;
         v_holds_locks := true;
+        -- Wakes still queued for the picked channels happened before this serve.
+        IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_picked)) THEN
+            PERFORM fairq.fold_wakes(v_picked);
+        END IF;
         -- The turn_seq of each picked channel, in pick order: served or not, each
         -- takes its next turn in the order n single dequeues would give it.
         v_turn_seqs := ARRAY(SELECT nextval('fairq.turn_seq') FROM generate_series(1, cardinality(v_picked)));
@@ -282,6 +305,7 @@ BEGIN
                SET in_flight = c.in_flight + fairq.slots(c.max_concurrency, 1),
                    last_release_at = v_now,
                    due_at = n.due_at,
+                   idle_since = fairq.idle_since(n.due_at, c.idle_since, v_now),
                    turn_at = fairq.next_turn(NULL, n.due_at, v_now, c.release_interval_ms,
                                              c.in_flight + 1, c.max_concurrency, v_now),
                    turn_seq = v_turn_seqs[array_position(v_picked, c.id)]
@@ -306,6 +330,14 @@ BEGIN
         END LOOP;
         v_count := v_count + cardinality(v_ids);
     END LOOP;
+    -- The collector's turn, if nobody ran it in the last second (its row is taken
+    -- with SKIP LOCKED: no dequeue waits for another's collection).
+    PERFORM FROM fairq.channel_collection k WHERE k.collected_at <= v_now - interval '1 s'
+        FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        UPDATE fairq.channel_collection SET collected_at = v_now;
+        PERFORM fairq.collect_idle_channels(v_now, 1000);
+    END IF;
 END
 $$;
 

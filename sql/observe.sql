@@ -30,7 +30,9 @@ SELECT c.name AS channel,
                 WHERE m.channel_id = c.id AND m.status = 'scheduled' AND m.dequeue_at > k.now) AS scheduled,
               (SELECT count(*)::integer FROM fairq.message m
                 WHERE m.channel_id = c.id AND m.status = 'locked') AS in_flight
-       ) n;
+       ) n
+ -- An idle channel without policy is only kept for the collector: not shown.
+ WHERE c.has_policy OR n.ready + n.scheduled + n.in_flight > 0;
 
 CREATE VIEW fairq.dead_letters AS
 SELECT id, channel, content, state, num_attempts, error, created_at, died_at
@@ -82,6 +84,8 @@ AS $$
                    <> (t.due_at IS NULL OR coalesce(t.in_flight >= t.max_concurrency, false))
               THEN format('turn_at %s does not match due_at %s, in_flight %s and max_concurrency %s',
                           t.turn_at, t.due_at, t.in_flight, t.max_concurrency) END),
+        (CASE WHEN (t.idle_since IS NULL) = (t.due_at IS NULL)
+              THEN format('idle_since %s does not match due_at %s', t.idle_since, t.due_at) END),
         (CASE WHEN t.turn_at < t.last_release_at + fairq.ms(t.release_interval_ms)
               THEN 'next turn comes before the release interval has passed' END),
         (CASE WHEN t.max_size IS NOT NULL AND t.counted_size IS DISTINCT FROM t.messages
@@ -108,7 +112,7 @@ AS $$
 $$;
 
 COMMENT ON VIEW fairq.channels IS
-    'Every channel with its policy and contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when its next turn comes; NULL when empty or at max_concurrency).';
+    'Every channel with a policy or messages (idle channels kept for the collector are not shown), with its policy and contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when its next turn comes; NULL when empty or at max_concurrency).';
 COMMENT ON VIEW fairq.dead_letters IS
     'Messages that failed or ran out of attempts, with the error and when they died.';
 COMMENT ON FUNCTION fairq.history_prune(timestamptz) IS

@@ -8,7 +8,7 @@
 --     holder: nobody else has been handed the message;
 --   * leaving 'locked' frees exactly one concurrency slot of a capped channel, under
 --     the channel lock; completing an uncapped channel's message takes only its
---     policy lock (shared), unless the channel may have become empty;
+--     policy lock (shared): a channel left empty stays, idle, for the collector;
 --   * lock order: the message (the fenced UPDATE/DELETE), then its channel, then its
 --     channel_size row. Batches lock all their messages first, in id order.
 
@@ -88,16 +88,17 @@ BEGIN
     -- max_concurrency, and recount in_flight, before this commits.
     PERFORM pg_advisory_xact_lock_shared(1717660019, fairq.policy_lock_key(u.id))
        FROM unnest(v_channel_ids) AS u(id);
-    -- Only two kinds of channel need their row: a capped one frees slots, and one
-    -- without policy and nothing pending may now be empty. Every other completion
+    -- Only a capped channel needs its row, to free slots. Every other completion
     -- leaves its channel's row alone, so workers completing one tenant's messages do
-    -- not queue behind each other or behind its dequeues.
+    -- not queue behind each other, behind its dequeues or behind its producers.
     v_locked := ARRAY(
         SELECT c.id FROM fairq.channel c
-         WHERE c.id = ANY (v_channel_ids)
-           AND (c.max_concurrency IS NOT NULL OR (NOT c.has_policy AND c.due_at IS NULL))
+         WHERE c.id = ANY (v_channel_ids) AND c.max_concurrency IS NOT NULL
          ORDER BY c.id
            FOR NO KEY UPDATE);
+    IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_locked)) THEN
+        PERFORM fairq.fold_wakes(v_locked);
+    END IF;
     IF EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL) THEN
         PERFORM 1 FROM fairq.channel_size s WHERE s.channel_id = ANY (v_channel_ids)
          ORDER BY s.channel_id FOR UPDATE;
@@ -122,7 +123,7 @@ BEGIN
                         IS NOT DISTINCT FROM c.turn_at THEN c.turn_seq
                    ELSE nextval('fairq.turn_seq') END
           FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) g
-         WHERE c.id = ANY (v_locked) AND c.max_concurrency IS NOT NULL AND c.id = g.channel_id
+         WHERE c.id = ANY (v_locked) AND c.id = g.channel_id
         RETURNING c.id, c.in_flight + g.n >= c.max_concurrency AND c.turn_at IS NOT NULL AS woke
     )
     SELECT coalesce(array_agg(f.id) FILTER (WHERE f.woke), '{}') INTO v_woken FROM freed f;
@@ -130,11 +131,6 @@ BEGIN
        FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
       WHERE c.id = ANY (v_channel_ids) AND fairq.events_wanted(c.id = ANY (v_woken))
       GROUP BY c.name;
-    -- Channels left with nothing at all disappear (see fairq.channel_collect).
-    PERFORM fairq.channel_collect(c)
-       FROM fairq.channel c
-      WHERE c.id = ANY (v_locked) AND NOT c.has_policy AND c.due_at IS NULL
-      ORDER BY c.id;
 
     RETURN QUERY
         SELECT u.id,
@@ -168,7 +164,7 @@ BEGIN
     DELETE FROM fairq.message WHERE id = p_id;
     PERFORM pg_advisory_xact_lock_shared(1717660019, fairq.policy_lock_key(v_message.channel_id));
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
-    IF v_channel.max_concurrency IS NOT NULL OR (NOT v_channel.has_policy AND v_channel.due_at IS NULL) THEN
+    IF v_channel.max_concurrency IS NOT NULL THEN
         v_channel := fairq.channel_lock(v_channel.id);
         -- Its freed slot makes a full channel with work waiting eligible again.
         v_woke := v_channel.in_flight = v_channel.max_concurrency AND v_channel.due_at IS NOT NULL;
@@ -290,13 +286,12 @@ BEGIN
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     PERFORM fairq.record_history(v_message, v_channel.name, 'cancelled', v_now);
     PERFORM fairq.channel_resize(v_channel, -1, false);
-    -- Nothing pending any more: the channel's turn (maybe far in the future) must go,
-    -- and an empty channel without policy with it. Only then is the row locked.
+    -- Nothing pending any more: the channel's turn (maybe far in the future) must go.
+    -- Only then is the row locked.
     IF NOT EXISTS (SELECT 1 FROM fairq.pending_due_at(v_channel.id) AS p WHERE p.due_at IS NOT NULL) THEN
         v_channel := fairq.channel_lock(v_channel.id);
         v_channel.due_at := fairq.settled_due_at(v_channel.id, v_channel.name, v_now);
-        v_channel := fairq.channel_store(v_channel, v_now, false);
-        PERFORM fairq.channel_collect(v_channel);
+        PERFORM fairq.channel_store(v_channel, v_now, false);
     END IF;
     RETURN 'cancelled';
 END

@@ -1,8 +1,9 @@
 -- tables.sql — where fairq keeps its state.
 --
 -- Invariants kept by every function in this schema:
---   * one channel row per name (unique), created on first use, removed when it has
---     no explicit policy and no messages;
+--   * one channel row per name (unique), created on first use; a channel with no
+--     explicit policy and nothing in it is kept idle for a while (a tenant that
+--     comes back finds it), then collected in bulk (fairq.collect_idle_channels);
 --   * channel.in_flight = number of its messages with status 'locked' when it has a
 --     max_concurrency, else 0: only a capped channel's settlements touch its row;
 --   * channel.due_at is NULL only when the channel has no pending ('ready' or
@@ -12,6 +13,8 @@
 --   * channel.turn_at is NULL when the channel cannot be served (nothing pending or
 --     at max_concurrency), else the time its next turn comes; (turn_at, turn_seq)
 --     orders the round-robin;
+--   * channel.idle_since is NULL exactly when due_at is not: since when the channel
+--     has had nothing pending;
 --   * channel_size exists exactly for channels with a max_size and counts all their
 --     messages, in flight included.
 -- Messages move scheduled -> ready -> locked -> (deleted | ready | scheduled).
@@ -40,7 +43,8 @@ CREATE TABLE fairq.channel (
     last_release_at     timestamptz,
     due_at              timestamptz,
     turn_at             timestamptz,
-    turn_seq            bigint
+    turn_seq            bigint,
+    idle_since          timestamptz
 ) WITH (fillfactor = 50,
         autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
         autovacuum_analyze_scale_factor = 0.05, autovacuum_vacuum_cost_delay = 0);
@@ -48,11 +52,22 @@ ALTER SEQUENCE fairq.channel_id_seq OWNED BY fairq.channel.id;
 
 -- The dequeue's first lookup: the eligible channel whose turn is earliest.
 CREATE INDEX channel_turn_ix ON fairq.channel (turn_at, turn_seq) WHERE turn_at IS NOT NULL;
+-- Channels the collector may remove, longest idle first.
+CREATE INDEX channel_idle_ix ON fairq.channel (idle_since)
+    WHERE idle_since IS NOT NULL AND NOT has_policy;
 
--- Wakes a producer queued instead of waiting for a channel row that another
--- transaction held (fairq.channels_wake): the channel's turn is due no later than
--- due_at, from woken_at, with turn_seq. Committed with the producer's messages and
--- applied, then deleted, by the next dequeue (fairq.apply_wakes). Usually empty.
+-- When idle channels were last collected: dequeues take turns at it, at most one at
+-- a time and once a second (fairq.collect_idle_channels).
+CREATE TABLE fairq.channel_collection (
+    singleton    boolean     NOT NULL DEFAULT true PRIMARY KEY CHECK (singleton),
+    collected_at timestamptz NOT NULL DEFAULT '-infinity'
+);
+INSERT INTO fairq.channel_collection DEFAULT VALUES;
+
+-- Wakes of idle channels, queued by producers (fairq.channels_wake), who never lock
+-- a channel row: the channel's turn is due no later than due_at, from woken_at, with
+-- turn_seq. Committed with the producer's messages and applied, then deleted, by the
+-- next dequeues (fairq.apply_wakes, earliest turn first).
 CREATE TABLE fairq.channel_wake (
     channel_id bigint      NOT NULL,
     due_at     timestamptz NOT NULL,
@@ -61,6 +76,8 @@ CREATE TABLE fairq.channel_wake (
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
         autovacuum_vacuum_cost_delay = 0);
 CREATE INDEX channel_wake_channel_ix ON fairq.channel_wake (channel_id);
+-- Wakes by the turn they give (rate limits aside): dequeues apply the earliest first.
+CREATE INDEX channel_wake_turn_ix ON fairq.channel_wake ((GREATEST(due_at, woken_at)), turn_seq);
 
 -- Producers of a bounded channel serialise on this row, not on the channel row that
 -- dequeues lock, so an open producer transaction never hides a channel from workers.
@@ -155,7 +172,9 @@ COMMENT ON TYPE fairq.message_status IS
 COMMENT ON TABLE fairq.channel IS
     'One row per channel (tenant): its policy, in-flight count and round-robin turn. Rows without a policy disappear when the channel is empty.';
 COMMENT ON TABLE fairq.channel_wake IS
-    'Channel wakes that producers queued because another transaction held the channel row; the next dequeue applies them. Usually empty.';
+    'Wakes of idle channels that producers queued (producers never lock a channel row); the next dequeues apply them, oldest first.';
+COMMENT ON TABLE fairq.channel_collection IS
+    'When idle channels (no policy, nothing in them) were last collected; dequeues collect them once a second.';
 COMMENT ON TABLE fairq.channel_size IS
     'Message count of each channel that has a max_size, in flight included.';
 COMMENT ON TABLE fairq.message IS

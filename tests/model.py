@@ -184,13 +184,6 @@ class Model:
         """Only a capped channel counts in_flight."""
         return 0 if ch.max_concurrency is None else count
 
-    def channel_collect(self, ch: Channel) -> None:
-        if not ch.has_policy and ch.due_at is None and self.locked(ch) == 0:
-            assert not any(m.channel_id == ch.id for m in self.messages.values()), \
-                "model: collecting a channel that holds messages"
-            del self.channels[ch.id]
-            self.sizes.pop(ch.id, None)
-
     def channel_for_producer(self, name: str) -> Channel:
         ch = self.by_name(name)
         if ch is None:
@@ -207,7 +200,6 @@ class Model:
         ch.in_flight -= self.slots(ch, count)
         ch.due_at = least(ch.due_at, due_at)
         self.channel_store(ch, now, True)
-        self.channel_collect(ch)
 
     def channel_resize(self, ch: Channel, delta: int, enforce: bool) -> int:
         if ch.max_size is None:
@@ -245,7 +237,6 @@ class Model:
         ch.max_attempts = None
         ch.in_flight = 0
         self.channel_store(ch, now, False)
-        self.channel_collect(ch)
         return True
 
     # -- events.sql ---------------------------------------------------------------------
@@ -261,20 +252,13 @@ class Model:
                      now: T) -> list[tuple[int, int | None, str]]:
         """items: (channel, content, dequeue_at or None, priority or None, dedup_key).
 
-        Channels are created in name order and woken in id order (the lock order);
-        then each element, in input order, behaves like message_create: duplicate, dropped or created (ids in input
-        order)."""
-        due_by_channel: dict[str, T] = {}
-        for channel, _, due, _, _ in items:
-            d = due if due is not None else now
-            due_by_channel[channel] = min(due_by_channel.get(channel, d), d)
-        taken = {channel: self.channel_for_producer(channel) for channel in sorted(due_by_channel)}
-        woken: list[Channel] = []
-        for ch in sorted(taken.values(), key=lambda c: c.id):  # the lock order: channel id
-            channel_due = due_by_channel[ch.name]
-            if ch.due_at is None or (channel_due < ch.due_at and ch.due_at > now):
-                self.channel_wake(ch, channel_due, now)
-                woken.append(ch)
+        Channels are created in name order; each element, in input order, behaves like
+        message_create: duplicate, dropped or created (ids in input order). Then each
+        channel that got a message is woken (in id order) by its earliest created
+        message, where that brings its turn forward. (The SQL queues the wake and the
+        next dequeue applies it as of now: the model applies it at once.)"""
+        taken = {channel: self.channel_for_producer(channel)
+                 for channel in sorted({item[0] for item in items})}
         out: list[tuple[int, int | None, str]] = []
         for i, (channel, content, due, priority, dedup) in enumerate(items, 1):
             ch = taken[channel]
@@ -294,12 +278,16 @@ class Model:
                 mid, ch.id, "ready" if dequeue_at <= now else "scheduled",
                 priority if priority is not None else 0, dequeue_at, content, dedup_key=dedup)
             out.append((i, mid, "created"))
-        # A channel woken for messages that were all dropped or duplicates loses that turn.
-        for ch in woken:
-            if not any(status == "created" and items[i - 1][0] == ch.name for i, _, status in out):
-                ch.due_at = self.pending_due_at(ch)
-                self.channel_store(ch, now, False)
-                self.channel_collect(ch)
+        earliest: dict[int, T] = {}
+        for (_, mid, status) in out:
+            if status == "created":
+                assert mid is not None
+                m = self.messages[mid]
+                earliest[m.channel_id] = min(earliest.get(m.channel_id, m.dequeue_at), m.dequeue_at)
+        for cid in sorted(earliest):  # wakes take their turn_seq in channel id order
+            ch = self.channels[cid]
+            if ch.due_at is None or (earliest[cid] < ch.due_at and ch.due_at > now):
+                self.channel_wake(ch, earliest[cid], now)
         return out
 
     # -- dequeue.sql --------------------------------------------------------------------
@@ -361,8 +349,6 @@ class Model:
             self.bury(m, ch, why)
         ch.due_at = self.pending_due_at(ch)
         self.channel_store(ch, now, False)
-        if taken is None:
-            self.channel_collect(ch)
         return taken
 
     def dequeue_with(self, order: list[int], lock: int, n: int, now: T) -> list[Delivery]:
@@ -483,7 +469,6 @@ class Model:
         if self.pending_due_at(ch) is None:
             ch.due_at = None
             self.channel_store(ch, now, False)
-            self.channel_collect(ch)
 
     def cancel(self, mid: int, now: T) -> str:
         m = self.messages.get(mid)

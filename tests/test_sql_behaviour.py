@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
@@ -417,20 +417,55 @@ def test_channel_set_validates_and_clear_reverts(conn: Conn) -> None:
     assert channel_row(conn, "p") is None  # no policy, no messages: gone
 
 
+def collect_idle(conn: Conn, ttl: str = "0") -> int:
+    """Runs the idle-channel collector now, as a dequeue does once a second."""
+    conn.execute("SELECT set_config('fairq.idle_channel_ttl', %s, false)", (ttl,))
+    try:
+        return int(conn.execute("SELECT fairq.collect_idle_channels(fairq.clock(), 1000)"
+                                ).fetchone()[0])  # type: ignore[index]
+    finally:
+        conn.execute("RESET fairq.idle_channel_ttl")
+
+
 def test_channels_without_policy_disappear_when_empty(conn: Conn) -> None:
     for i in range(50):
         create(conn, f"one-off-{i}")
     drain(conn)
-    assert conn.execute("SELECT count(*) FROM fairq.channel").fetchone() == (0,)
+    # Kept idle for a while (a tenant that comes back finds its row), never shown...
+    assert conn.execute("SELECT count(*) FROM fairq.channels").fetchone() == (0,)
+    assert collect_idle(conn, "1 hour") == 0
+    # ... and collected once idle for the setting fairq.idle_channel_ttl.
+    assert collect_idle(conn) == 50
     create(conn, "gone")
     m = dequeue_one(conn)
     assert m is not None
     call(conn, "message_fail", m.id, m.num_attempts, None)
-    assert conn.execute("SELECT count(*) FROM fairq.channel").fetchone() == (0,)
     a, _ = create(conn, "cancelled")
     call(conn, "message_cancel", a)
-    assert dequeue(conn) == []  # the next dequeue that visits it finds it empty
+    assert dequeue(conn) == []
+    assert conn.execute("SELECT count(*) FROM fairq.channels").fetchone() == (0,)
+    assert collect_idle(conn) == 2
     assert conn.execute("SELECT count(*) FROM fairq.channel").fetchone() == (0,)
+    assert problems(conn) == []
+
+
+def test_the_collector_keeps_channels_with_messages_policies_or_queued_wakes(conn: Conn) -> None:
+    call(conn, "channel_set", "policy", 2)
+    create(conn, "held")
+    held = dequeue_one(conn)
+    assert held is not None
+    create(conn, "waiting", dequeue_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    with psycopg.connect(conn.info.dsn, autocommit=True) as producer:
+        producer.execute("BEGIN")
+        create(producer, "open")  # its producer lock: the collector must not wait for it
+        assert collect_idle(conn) == 0
+        producer.execute("COMMIT")
+    names = {r[0] for r in conn.execute("SELECT name FROM fairq.channel")}
+    assert names == {"policy", "held", "waiting", "open"}
+    assert complete(conn, held) == "completed"
+    assert collect_idle(conn) == 1  # "held", now empty
+    assert [d.channel for d in dequeue(conn, n=5)] == ["open"]
+    assert problems(conn) == []
 
 
 def test_recreated_channel_is_one_row_with_one_limit(conn: Conn) -> None:

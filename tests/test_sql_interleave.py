@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -154,7 +155,6 @@ def test_open_producer_transaction_does_not_hide_a_backlogged_channel(conn: Conn
 
 
 def test_open_producer_transaction_on_a_scheduled_channel_wakes_it_on_commit(conn: Conn, other: Conn) -> None:
-    from datetime import timedelta
 
     now = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
     create(conn, "s", b"later", dequeue_at=now + timedelta(hours=1))
@@ -276,16 +276,15 @@ def test_batch_producer_does_not_wait_for_a_channel_another_producer_wakes(
 
 def test_channel_collected_while_a_producer_queues_its_wake_keeps_the_message(
         dsn: str, conn: Conn, other: Conn) -> None:
-    """A completion that empties a channel collects it while holding its row. A
-    producer meanwhile queues the channel's wake (it does not wait for the row) and
-    commits before the completion takes the producer lock. The collection must look
-    again under that lock and keep the channel: the message is delivered. The window
-    is microseconds wide in production (the full soak hit it once in 10^6 messages);
-    here fairq.channel_quiet first waits for an advisory lock that the test holds
-    until the producer has committed, to hold it open."""
+    """The collector picks an idle channel, then takes its producer lock. A producer
+    meanwhile puts a message on the channel and queues its wake (it never waits for
+    the row the collector holds), and commits before the collector takes the lock.
+    The collector must look again under that lock and keep the channel: the message
+    is delivered. Here fairq.channel_quiet first waits for an advisory lock that the
+    test holds until the producer has committed, to hold that window open."""
     create(conn, "x", b"first")
     first = dequeue_one(conn)
-    assert first is not None  # x is now idle: nothing due, one message in flight
+    assert first is not None and complete(conn, first) == "completed"  # x is idle
     original = conn.execute(
         "SELECT pg_get_functiondef('fairq.channel_quiet(text)'::regprocedure)").fetchone()
     assert original is not None
@@ -299,15 +298,17 @@ def test_channel_collected_while_a_producer_queues_its_wake_keeps_the_message(
     gate = psycopg.connect(dsn, autocommit=True)
     try:
         gate.execute(f"SELECT pg_advisory_lock({GATE_KEY})")
-        completion = Background(dsn, lambda c: complete(c, first))
-        assert completion.waits_for(gate), "the completion should be collecting x"
-        # x's row is held by the completion: the producer queues the wake, it does not
-        # wait (a wait would last until the failure net, the completion being held).
+        collector = Background(dsn, lambda c: c.execute(
+            "SELECT set_config('fairq.idle_channel_ttl', '0', false),"
+            " fairq.collect_idle_channels(fairq.clock(), 100)").fetchone())
+        assert collector.waits_for(gate), "the collector should be collecting x"
+        # x's row is held by the collector: the producer queues the wake, it does not
+        # wait (a wait would last until the failure net, the collector being held).
         other.execute(f"SET lock_timeout = '{int(FAILURE_NET)}s'")
         created = create(other, "x", b"second")
         assert created[1] == "created"
         gate.execute(f"SELECT pg_advisory_unlock({GATE_KEY})")
-        assert completion.join() == "completed"
+        assert collector.join() == ("0", 0)
     finally:
         gate.close()
         conn.execute(original[0])
@@ -401,4 +402,54 @@ def test_cancel_racing_dequeue_of_the_same_message(dsn: str, conn: Conn, other: 
         got = dequeue(conn)  # the head being cancelled is skipped, the next one served
         assert len(got) == 1 and got[0].id != mid
     assert dequeue(conn) == []
+    assert problems(conn) == []
+
+
+# -- An open producer transaction never hides its channel nor blocks its settlements ----
+
+
+@pytest.mark.parametrize("policy", [None, 2], ids=["uncapped", "capped"])
+def test_open_producer_transaction_on_an_idle_channel_hides_no_committed_message(
+        conn: Conn, other: Conn, dsn: str, policy: int | None) -> None:
+    """A producer that wakes an idle channel and stays open must not keep workers from
+    the channel's other messages (0.5.0 locked the row for the wake until commit)."""
+    conn.execute("SELECT fairq.channel_set('p', p_max_concurrency => %s)", (policy,))
+    with open_transaction(other):
+        create(other, "p", b"uncommitted")  # the channel was idle: this wakes it
+        late = Background(dsn, lambda c: create(c, "p", b"committed"))
+        assert late.finishes_without_waiting_for(other)
+        assert late.join()[1] == "created"
+        assert [d.content for d in dequeue(conn, n=5)] == [b"committed"]
+    assert [d.content for d in dequeue(conn, n=5)] == [b"uncommitted"]
+    assert problems(conn) == []
+
+
+def test_open_producer_transaction_hides_no_scheduled_message_that_came_due(
+        conn: Conn, other: Conn) -> None:
+    now = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
+    create(conn, "s", b"scheduled", dequeue_at=now + timedelta(hours=1))
+    assert dequeue(conn) == []  # s now waits for its scheduled message
+    with open_transaction(other):
+        create(other, "s", b"uncommitted")  # due now, before s's turn: wakes it
+        travel(conn, 2 * 3_600_000)
+        assert [d.content for d in dequeue(conn, n=5)] == [b"scheduled"]
+    assert problems(conn) == []
+
+
+@pytest.mark.parametrize("policy", [None, 2], ids=["uncapped", "capped"])
+def test_open_producer_transaction_does_not_block_completions(
+        conn: Conn, other: Conn, dsn: str, policy: int | None) -> None:
+    """A tenant holding a long enqueue transaction must not freeze its channel's
+    completions until leases expire (0.5.0 made them wait for its commit)."""
+    if policy is not None:
+        conn.execute("SELECT fairq.channel_set('p', p_max_concurrency => %s)", (policy,))
+    create(conn, "p", b"in flight")
+    held = dequeue_one(conn)
+    assert held is not None  # p has nothing pending: the next message wakes it
+    with open_transaction(other):
+        create(other, "p", b"uncommitted")
+        completion = Background(dsn, lambda c: complete(c, held))
+        assert completion.finishes_without_waiting_for(other)
+        assert completion.join() == "completed"
+    assert [d.content for d in dequeue(conn, n=5)] == [b"uncommitted"]
     assert problems(conn) == []
