@@ -218,12 +218,16 @@ class QueueMachine(RuleBasedStateMachine):
         locked = dict(self.sql("SELECT c.name, count(*) FROM fairq.message m"
                                " JOIN fairq.channel c ON c.id = m.channel_id"
                                " WHERE m.status = 'locked' GROUP BY c.name"))
-        for (_, channel, _, _, attempts, _, due, _) in actual:
+        # max_attempts counts the deliveries since the last dead-letter retry.
+        retried = dict(self.sql("SELECT id, attempts_at_retry FROM fairq.message"
+                                " WHERE id = ANY (%s)", [r[0] for r in actual]))
+        for (mid, channel, _, _, attempts, _, due, _) in actual:
             policy = before.by_name(channel)
             assert policy is not None, f"delivery from unknown channel {channel}"
             assert due is not None and due[0] <= self.v, f"{channel}: delivered before dequeue_at"
-            assert policy.max_attempts is None or attempts <= policy.max_attempts, \
-                f"{channel}: delivered with num_attempts {attempts} > {policy.max_attempts}"
+            since_retry = attempts - retried[mid]
+            assert policy.max_attempts is None or since_retry <= policy.max_attempts, \
+                f"{channel}: delivered {since_retry} times since its last retry > {policy.max_attempts}"
             assert policy.max_concurrency is None or locked[channel] <= policy.max_concurrency, \
                 f"{channel}: {locked[channel]} in flight > max_concurrency {policy.max_concurrency}"
             last = self.last_release.get(channel)
