@@ -20,6 +20,9 @@ COMMENT ON TABLE fairq.channel_collection IS
 CREATE INDEX channel_wake_turn_ix ON fairq.channel_wake ((GREATEST(due_at, woken_at)), turn_seq);
 COMMENT ON TABLE fairq.channel_wake IS
     'Wakes of idle channels that producers queued (producers never lock a channel row); the next dequeues apply them, oldest first.';
+-- The view hides idle channels now (its new definition follows).
+COMMENT ON VIEW fairq.channels IS
+    'Every channel with a policy or messages (idle channels kept for the collector are not shown), with its policy and contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when its next turn comes; NULL when empty or at max_concurrency).';
 -- Their results or arguments change.
 DROP FUNCTION fairq.channels_wake(bigint[], timestamptz[], timestamptz);
 DROP FUNCTION fairq.apply_wakes();
@@ -96,10 +99,14 @@ BEGIN
     IF cardinality(v_quiet) = 0 THEN
         RETURN 0;
     END IF;
+    -- (Scalar subqueries by status: each is one lookup in a partial index, whatever
+    -- the planner thinks of those indexes' sizes.)
     DELETE FROM fairq.channel c
      WHERE c.id = ANY (v_quiet)
-       AND NOT EXISTS (SELECT 1 FROM fairq.message m WHERE m.channel_id = c.id)
-       AND NOT EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = c.id);
+       AND (SELECT p.due_at FROM fairq.pending_due_at(c.id) AS p) IS NULL
+       AND (SELECT m.id FROM fairq.message m
+             WHERE m.channel_id = c.id AND m.status = 'locked' LIMIT 1) IS NULL
+       AND (SELECT w.channel_id FROM fairq.channel_wake w WHERE w.channel_id = c.id LIMIT 1) IS NULL;
     GET DIAGNOSTICS v_removed = ROW_COUNT;
     RETURN v_removed;
 END
@@ -198,17 +205,35 @@ END
 $$;
 REVOKE ALL ON FUNCTION fairq.fold_wakes(bigint[]) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION fairq.apply_wakes(p_limit integer) RETURNS boolean
+CREATE OR REPLACE FUNCTION fairq.apply_wakes(p_now timestamptz, p_limit integer) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_channel_ids bigint[] := ARRAY(
-        SELECT DISTINCT t.id FROM (
-            SELECT c.id FROM fairq.channel_wake w JOIN fairq.channel c ON c.id = w.channel_id
-             ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
-             LIMIT p_limit
-               FOR NO KEY UPDATE OF c SKIP LOCKED) t);
+        SELECT r.channel_id
+          FROM (SELECT t.channel_id,
+                       row_number() OVER (ORDER BY t.turn_at <= p_now DESC NULLS LAST,
+                                                   t.turn_at, t.turn_seq) AS rank,
+                       coalesce(t.turn_at <= p_now, false) AS eligible
+                  FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq
+                          FROM (SELECT * FROM fairq.channel_wake w
+                                 WHERE GREATEST(w.due_at, w.woken_at) <= p_now
+                                 ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
+                                 LIMIT p_limit + 32) w
+                         CROSS JOIN LATERAL (
+                               SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
+                                                      k.release_interval_ms, k.in_flight,
+                                                      k.max_concurrency, w.woken_at) AS turn_at
+                                 FROM fairq.channel k WHERE k.id = w.channel_id
+                               OFFSET 0) k  -- one lookup by id per wake
+                         GROUP BY w.channel_id) t) r
+         WHERE NOT r.eligible OR r.rank <= p_limit);
 BEGIN
+    IF cardinality(v_channel_ids) = 0 THEN
+        RETURN false;
+    END IF;
+    v_channel_ids := ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_channel_ids)
+                            ORDER BY c.id FOR NO KEY UPDATE SKIP LOCKED);
     IF cardinality(v_channel_ids) = 0 THEN
         RETURN false;
     END IF;
@@ -216,7 +241,7 @@ BEGIN
     RETURN true;
 END
 $$;
-REVOKE ALL ON FUNCTION fairq.apply_wakes(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fairq.apply_wakes(timestamptz, integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fairq.channel_with_wakes(p_channel fairq.channel) RETURNS fairq.channel
 LANGUAGE plpgsql
@@ -613,15 +638,12 @@ DECLARE
     v_count integer := 0;
     v_holds_locks boolean := false;
     v_clock_fresh boolean := false;  -- v_now was read after the last pick that found something
-    -- Queued wakes applied before a pick: as many channels as messages are wanted,
-    -- and at least 32, so that a burst of wakes rarely outruns the dequeues.
-    v_wake_limit integer := GREATEST(p_max_messages, 32);
     v_attempts_capped boolean;
 BEGIN
     PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
     -- Step 0, before the pick, so woken channels take the turns their producers gave.
     IF EXISTS (SELECT 1 FROM fairq.channel_wake) THEN
-        v_holds_locks := fairq.apply_wakes(v_wake_limit);
+        v_holds_locks := fairq.apply_wakes(v_now, p_max_messages);
     END IF;
     -- Step 1, when the earliest lock has expired (one probe of message_locked_ix).
     IF (SELECT m.id FROM fairq.message m
@@ -656,7 +678,7 @@ BEGIN
             -- The call we waited for may have applied a wake, or left one free to apply,
             -- and gave its channel a turn at its own clock.
             IF EXISTS (SELECT 1 FROM fairq.channel_wake) THEN
-                v_holds_locks := fairq.apply_wakes(v_wake_limit);
+                v_holds_locks := fairq.apply_wakes(fairq.clock(), p_max_messages - v_count);
             END IF;
             v_clock_fresh := false;
             CONTINUE;

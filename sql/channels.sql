@@ -189,10 +189,14 @@ BEGIN
     IF cardinality(v_quiet) = 0 THEN
         RETURN 0;
     END IF;
+    -- (Scalar subqueries by status: each is one lookup in a partial index, whatever
+    -- the planner thinks of those indexes' sizes.)
     DELETE FROM fairq.channel c
      WHERE c.id = ANY (v_quiet)
-       AND NOT EXISTS (SELECT 1 FROM fairq.message m WHERE m.channel_id = c.id)
-       AND NOT EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = c.id);
+       AND (SELECT p.due_at FROM fairq.pending_due_at(c.id) AS p) IS NULL
+       AND (SELECT m.id FROM fairq.message m
+             WHERE m.channel_id = c.id AND m.status = 'locked' LIMIT 1) IS NULL
+       AND (SELECT w.channel_id FROM fairq.channel_wake w WHERE w.channel_id = c.id LIMIT 1) IS NULL;
     GET DIAGNOSTICS v_removed = ROW_COUNT;
     RETURN v_removed;
 END
@@ -319,20 +323,46 @@ BEGIN
 END
 $$;
 
--- For a dequeue, before it picks: fold in the queued wakes of the channels whose
--- wakes give the earliest turns, at most p_limit channels and only those whose rows
--- are free. True if it applied any (the caller then holds those rows).
-CREATE FUNCTION fairq.apply_wakes(p_limit integer) RETURNS boolean
+-- For a dequeue, before it picks: fold in queued wakes, looking at the p_limit + 32
+-- wakes whose turns come first (by due and woken time: an index range, so a burst of
+-- wakes costs each dequeue no more). Of their channels it takes the p_limit that
+-- these wakes make eligible earliest, so the pick sees every channel whose turn is
+-- among the next p_limit, and those that stay ineligible (at max_concurrency, or
+-- rate-limited past now), which no dequeue could serve now anyway; other wakes wait,
+-- so a dequeue holds no more servable channel rows than it may serve. Rows held by
+-- others are skipped. A rate-limited channel's wake can make it eligible later than
+-- its place in the window says: then a channel woken just after the window may take
+-- its turn one dequeue late. True if it applied any (the caller then holds those
+-- rows).
+CREATE FUNCTION fairq.apply_wakes(p_now timestamptz, p_limit integer) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_channel_ids bigint[] := ARRAY(
-        SELECT DISTINCT t.id FROM (
-            SELECT c.id FROM fairq.channel_wake w JOIN fairq.channel c ON c.id = w.channel_id
-             ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
-             LIMIT p_limit
-               FOR NO KEY UPDATE OF c SKIP LOCKED) t);
+        SELECT r.channel_id
+          FROM (SELECT t.channel_id,
+                       row_number() OVER (ORDER BY t.turn_at <= p_now DESC NULLS LAST,
+                                                   t.turn_at, t.turn_seq) AS rank,
+                       coalesce(t.turn_at <= p_now, false) AS eligible
+                  FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq
+                          FROM (SELECT * FROM fairq.channel_wake w
+                                 WHERE GREATEST(w.due_at, w.woken_at) <= p_now
+                                 ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
+                                 LIMIT p_limit + 32) w
+                         CROSS JOIN LATERAL (
+                               SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
+                                                      k.release_interval_ms, k.in_flight,
+                                                      k.max_concurrency, w.woken_at) AS turn_at
+                                 FROM fairq.channel k WHERE k.id = w.channel_id
+                               OFFSET 0) k  -- one lookup by id per wake
+                         GROUP BY w.channel_id) t) r
+         WHERE NOT r.eligible OR r.rank <= p_limit);
 BEGIN
+    IF cardinality(v_channel_ids) = 0 THEN
+        RETURN false;
+    END IF;
+    v_channel_ids := ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_channel_ids)
+                            ORDER BY c.id FOR NO KEY UPDATE SKIP LOCKED);
     IF cardinality(v_channel_ids) = 0 THEN
         RETURN false;
     END IF;

@@ -1,10 +1,10 @@
 -- dequeue.sql — handing out messages: the whole scheduling algorithm.
 --
 -- One call, in order:
---   0. Apply the channel wakes producers queued (fairq.apply_wakes), earliest turns
---      first, for as many channels as messages are wanted (at least 32): an idle
---      channel that got a message joins the rotation with the turn its producer gave
---      it.
+--   0. Apply the channel wakes producers queued (fairq.apply_wakes) that make their
+--      channels eligible now, earliest turns first, for as many channels as messages
+--      are wanted: an idle channel that got a message joins the rotation with the
+--      turn its producer gave it.
 --   1. Recover expired locks (oldest first, at most p_max_messages per call): each
 --      message goes back to 'ready' in its channel, frees its concurrency slot and
 --      waits for the channel's next turn like any other message — a crash never lets
@@ -205,15 +205,12 @@ DECLARE
     v_count integer := 0;
     v_holds_locks boolean := false;
     v_clock_fresh boolean := false;  -- v_now was read after the last pick that found something
-    -- Queued wakes applied before a pick: as many channels as messages are wanted,
-    -- and at least 32, so that a burst of wakes rarely outruns the dequeues.
-    v_wake_limit integer := GREATEST(p_max_messages, 32);
     v_attempts_capped boolean;
 BEGIN
     PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
     -- Step 0, before the pick, so woken channels take the turns their producers gave.
     IF EXISTS (SELECT 1 FROM fairq.channel_wake) THEN
-        v_holds_locks := fairq.apply_wakes(v_wake_limit);
+        v_holds_locks := fairq.apply_wakes(v_now, p_max_messages);
     END IF;
     -- Step 1, when the earliest lock has expired (one probe of message_locked_ix).
     IF (SELECT m.id FROM fairq.message m
@@ -248,7 +245,7 @@ BEGIN
             -- The call we waited for may have applied a wake, or left one free to apply,
             -- and gave its channel a turn at its own clock.
             IF EXISTS (SELECT 1 FROM fairq.channel_wake) THEN
-                v_holds_locks := fairq.apply_wakes(v_wake_limit);
+                v_holds_locks := fairq.apply_wakes(fairq.clock(), p_max_messages - v_count);
             END IF;
             v_clock_fresh := false;
             CONTINUE;

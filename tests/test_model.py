@@ -81,11 +81,11 @@ TIMESTAMP_COLUMNS = {"messages": (8, 9), "channels": (7, 8, 9)}
 
 def db_snapshot(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     """The state as the next dequeue sees it: the wakes producers queued are applied
-    (fairq.apply_wakes, in a transaction rolled back), as the model applies them at
+    (fairq.fold_wakes, in a transaction rolled back), as the model applies them at
     once."""
     snap: dict[str, Any] = {}
     with conn.transaction(force_rollback=True):
-        conn.execute("SELECT fairq.apply_wakes(2147483647)")
+        conn.execute("SELECT fairq.fold_wakes(ARRAY(SELECT channel_id FROM fairq.channel_wake))")
         tables = {key: [list(r) for r in conn.execute(sql).fetchall()]
                   for key, sql in DB_SNAPSHOT.items()}
     for key, rows in tables.items():

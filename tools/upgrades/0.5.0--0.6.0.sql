@@ -17,6 +17,9 @@ COMMENT ON TABLE fairq.channel_collection IS
 CREATE INDEX channel_wake_turn_ix ON fairq.channel_wake ((GREATEST(due_at, woken_at)), turn_seq);
 COMMENT ON TABLE fairq.channel_wake IS
     'Wakes of idle channels that producers queued (producers never lock a channel row); the next dequeues apply them, oldest first.';
+-- The view hides idle channels now (its new definition follows).
+COMMENT ON VIEW fairq.channels IS
+    'Every channel with a policy or messages (idle channels kept for the collector are not shown), with its policy and contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when its next turn comes; NULL when empty or at max_concurrency).';
 -- Their results or arguments change.
 DROP FUNCTION fairq.channels_wake(bigint[], timestamptz[], timestamptz);
 DROP FUNCTION fairq.apply_wakes();
