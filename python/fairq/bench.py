@@ -20,7 +20,11 @@ Every scenario is measured in the same run as its reference, on the same server:
   without a heavy tenant's backlog, and Jain's index of service among backlogged
   tenants;
 * soak (Python threads, batches of 100): throughput over a long run, table and index
-  sizes before and after.
+  sizes before and after;
+* tenants (fairq.bench_tenants): the throughput cycle, single and batched, over 100 to
+  100,000 channels and over a Zipf spread, each against the floor, interleaved;
+* churn (fairq.bench_tenants): the soak's driver over tenants that come and go;
+  throughput and fairq.channel's size and rows per tenth.
 
 Without ``--dsn`` a throwaway cluster with durable settings is started on 127.0.0.1
 and removed afterwards. With ``--dsn`` the database must be dedicated to the bench:
@@ -1378,7 +1382,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dsn", help="a database dedicated to the bench (default: start a"
                         " throwaway cluster on 127.0.0.1 and remove it afterwards)")
     parser.add_argument("--quick", action="store_true",
-                        help="small sizes: the whole run takes under 3 minutes")
+                        help="small sizes: the whole run takes a few minutes")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the results here")
     parser.add_argument("--plots", type=Path, metavar="DIR", help="write PNG plots here")
     parser.add_argument("--spark", action="store_true",
