@@ -39,14 +39,21 @@ POSITIVE = (
     "batched_wide_vs_floor",
 )
 
-pytestmark = pytest.mark.skipif(shutil.which("pgbench") is None, reason="pgbench not installed")
+# The tenant axis and the churn soak have a test of their own (below).
+CLASSIC = tuple(s for s in bench.SCENARIOS if s not in ("tenants", "churn"))
+TENANT_KEYS = ("single_vs_floor", "batched_vs_floor", "single_msgs_per_s", "batched_msgs_per_s",
+               "floor_single_msgs_per_s", "floor_batched_msgs_per_s")
+
+needs_pgbench = pytest.mark.skipif(shutil.which("pgbench") is None,
+                                   reason="pgbench not installed")
 
 
+@needs_pgbench
 def test_every_scenario_reports_every_key(dsn: str, tmp_path: Path) -> None:
     sizes = dataclasses.replace(bench.TINY, depth_levels=(100, 400), latency_samples=20,
                                 channel_levels=(5, 100), fair_phase_s=0.6, soak_messages=1_000)
     lines: list[str] = []
-    results = bench.run(dsn, sizes, log=lines.append)
+    results = bench.run(dsn, sizes, log=lines.append, scenarios=CLASSIC)
 
     for key in KEYS:
         assert key in results, key
@@ -78,10 +85,103 @@ def test_every_scenario_reports_every_key(dsn: str, tmp_path: Path) -> None:
     assert all(p.stat().st_size > 0 for p in written)
 
 
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+@needs_pgbench
+def test_tenant_axis_and_churn_soak_report_their_keys(dsn: str, tmp_path: Path) -> None:
+    sizes = dataclasses.replace(bench.TINY, tenant_levels=(10, 100), churn_messages=1_000,
+                                churn_tenants=100, churn_window=10, soak_backlog=200)
+    lines: list[str] = []
+    results = bench._clean(bench.run(dsn, sizes, log=lines.append,
+                                     scenarios=("tenants", "churn")))
+
+    tenants = results["tenants"]
+    assert set(tenants) == {"10", "100", "zipf"}
+    for name, level in tenants.items():
+        for key in TENANT_KEYS:
+            assert _finite(level[key]) and level[key] > 0, (name, key, level[key])
+        assert level["channels"] == (100 if name == "zipf" else int(name))
+        runs = results["details"]["tenants"][name]
+        assert set(runs) == {"floor_single", "fairq_single", "floor_batched", "fairq_batched"}
+    assert tenants["zipf"]["spread"] == "zipf"
+
+    churn = results["churn"]
+    assert churn["completed"] == 1_000 and churn["remaining"] == 0
+    assert results["details"]["churn"]["check"] == []
+    # Every tenth reached: a list of ten per measure, sizes of every index of the table.
+    for key in ("tenth_end_s", "tenants_seen", "tenth_msgs_per_s", "channel_rows",
+                "channel_bytes", "channel_total_bytes", "backlog"):
+        assert len(churn[key]) == 10, key
+    assert churn["tenants_seen"][-1] == 100
+    # A tiny run may create its first tenth before anything completes (rate null).
+    assert all(r is None or (_finite(r) and r >= 0) for r in churn["tenth_msgs_per_s"])
+    assert _finite(churn["msgs_per_s"]) and churn["msgs_per_s"] > 0
+    assert all(rows >= 0 for rows in churn["channel_rows"])
+    assert all(b > 0 for b in churn["channel_total_bytes"])
+    assert any(name.endswith("_pkey") for name in churn["channel_index_bytes"])
+    for sizes_by_tenth in churn["channel_index_bytes"].values():
+        assert len(sizes_by_tenth) == 10 and all(b > 0 for b in sizes_by_tenth)
+    assert churn["last_vs_first"] is None or churn["last_vs_first"] >= 0
+    assert any("churn:" in line for line in lines)
+    assert bench.check(dsn) == []
+
+    assert "Zipf 100 ch., batched / floor" in bench.table(results)
+    written = write_plots(results, tmp_path / "plots")
+    assert {p.name for p in written} == {"tenants.png", "churn.png"}
+    assert "NaN" not in json.dumps(results)
+
+
+def test_targets_resolve_nested_keys_and_relative_thresholds() -> None:
+    results: dict[str, object] = {
+        "held_snapshot_ratio": 0.45, "floor_held_snapshot_ratio": 0.40,
+        "tenants": {"100": {"batched_vs_floor": 0.3},
+                    "1000": {"single_vs_floor": 0.6, "batched_vs_floor": 0.45}},
+        "churn": {"last_vs_first": 0.95}}
+    targets = bench.targets(results)
+    assert targets["tenants.1000.single_vs_floor"]["met"] is True
+    assert targets["tenants.1000.batched_vs_floor"] == {
+        "target": ">= 0.5", "value": 0.45, "met": False}
+    assert "tenants.100.batched_vs_floor" not in targets  # reported, no target
+    assert "tenants.100000.single_vs_floor" not in targets  # level not measured
+    assert targets["held_snapshot_ratio"] == {
+        "target": ">= floor_held_snapshot_ratio", "value": 0.45, "threshold": 0.40,
+        "met": True}
+    assert targets["churn.last_vs_first"]["met"] is True
+    # Without its reference a relative target is neither met nor missed.
+    del results["floor_held_snapshot_ratio"]
+    assert bench.targets(results)["held_snapshot_ratio"]["met"] is None
+    assert "batched_vs_floor" not in {key for key, _, _ in bench.TARGETS}
+
+
+def test_churn_tenants_come_and_go() -> None:
+    """Every message goes to a tenant of the current window; the window moves forward
+    so that, over the run, every tenant is seen and none comes back."""
+    import random
+
+    from fairq.bench_tenants import churn_channel
+
+    sizes = dataclasses.replace(bench.TINY, churn_messages=10_000, churn_tenants=1_000,
+                                churn_window=50)
+    rng = random.Random(1)
+    tenants = [int(churn_channel(sizes, i, rng).split("-")[1]) for i in range(10_000)]
+    assert set(tenants) <= set(range(1_000))
+    # The tenants at either end are in the window for a few messages only.
+    assert len(set(tenants)) > 950 and max(tenants) >= 990
+    last_seen = {t: i for i, t in enumerate(tenants)}
+    first_seen: dict[int, int] = {}
+    for i, t in enumerate(tenants):
+        first_seen.setdefault(t, i)
+    # A tenant's messages span about a window's worth of the run (10,000 * 50 / 950).
+    assert max(last_seen[t] - first_seen[t] for t in first_seen) < 600
+
+
 def test_main_rejects_unknown_scenarios() -> None:
     assert bench.main(["--only", "nonsense"]) == 2
 
 
+@needs_pgbench
 def test_spark_flag_adds_the_dataframe_enqueue_rate(dsn: str, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     assert bench.main(["--dsn", dsn, "--sizes", "tiny", "--only", "depth", "--spark",
@@ -125,6 +225,7 @@ def test_the_gate_closes_at_the_backlog_bound_and_opens_below_it(dsn: str) -> No
         bench.reset(dsn)
 
 
+@needs_pgbench
 def test_sigterm_removes_the_throwaway_cluster() -> None:
     """`kill` (or a CI timeout) ends a bench like Ctrl-C: its own cluster is stopped
     and its directory removed, not left running."""

@@ -20,7 +20,11 @@ Every scenario is measured in the same run as its reference, on the same server:
   without a heavy tenant's backlog, and Jain's index of service among backlogged
   tenants;
 * soak (Python threads, batches of 100): throughput over a long run, table and index
-  sizes before and after.
+  sizes before and after;
+* tenants (fairq.bench_tenants): the throughput cycle, single and batched, over 100 to
+  100,000 channels and over a Zipf spread, each against the floor, interleaved;
+* churn (fairq.bench_tenants): the soak's driver over tenants that come and go;
+  throughput and fairq.channel's size and rows per tenth.
 
 Without ``--dsn`` a throwaway cluster with durable settings is started on 127.0.0.1
 and removed afterwards. With ``--dsn`` the database must be dedicated to the bench:
@@ -73,6 +77,7 @@ class Sizes:
     producers: int = 8
     consumers: int = 8
     channels: int = 100
+    channel_spread: str = "uniform"  # how producers pick channels: "uniform" or "zipf"
     prefill: int = 4_000            # backlog before a throughput run, so consumers start busy
     throughput_backlog: int = 8_000  # producers of a throughput run pause above this backlog
     batch: int = 100
@@ -95,6 +100,11 @@ class Sizes:
     soak_max_s: float = 900.0       # the soak also stops here (then reports what it did)
     load_chunk: int = 300           # rows per message_create_batch call when loading
     load_workers: int = 2
+    tenant_levels: tuple[int, ...] = (100, 1_000, 10_000, 100_000)  # the tenant axis
+    churn_messages: int = 1_000_000
+    churn_tenants: int = 100_000    # tenants the churn soak ever sees
+    churn_window: int = 1_000       # tenants receiving messages at any one time
+    churn_max_s: float = 1_200.0    # the churn soak also stops here
 
 
 FULL = Sizes("full")
@@ -103,7 +113,8 @@ QUICK = Sizes(
     depth_levels=(1_000, 10_000, 100_000),
     latency_samples=300, channel_levels=(10, 1_000, 10_000), fair_heavy=10_000,
     fair_phase_s=6.0, jain_window_s=4.0, soak_messages=100_000, soak_backlog=10_000,
-    soak_max_s=40.0)
+    soak_max_s=40.0, tenant_levels=(100, 1_000, 10_000), churn_messages=100_000,
+    churn_tenants=10_000, churn_max_s=60.0)
 TINY = Sizes(
     "tiny", throughput_s=1, producers=2, consumers=2, channels=10, prefill=200, batch=20,
     wide_channels=40,
@@ -112,19 +123,30 @@ TINY = Sizes(
     channel_levels=(10, 200), fair_heavy=300, fair_light_tenants=4, fair_light_rate=50.0,
     fair_consumers=2, fair_phase_s=1.0, jain_tenants=4, jain_window_s=0.5,
     soak_messages=2_000, soak_producers=2, soak_consumers=2, soak_backlog=1_000,
-    soak_max_s=60.0, load_chunk=500)
+    soak_max_s=60.0, load_chunk=500, tenant_levels=(10, 100), churn_messages=2_000,
+    churn_tenants=200, churn_window=20, churn_max_s=60.0)
 
-# (key, comparison, threshold) for the full run on the project's 2-core machine.
-TARGETS: tuple[tuple[str, str, float], ...] = (
+# (key, comparison, threshold) for the full run on the project's 2-core machine. A key
+# with dots names a nested value ("tenants.1000.single_vs_floor" is
+# results["tenants"]["1000"]["single_vs_floor"]); a threshold that is a string is the
+# key of another result of the same run (a relative target). batched_vs_floor (100
+# channels, where one batch takes every channel) is reported without a target.
+TARGETS: tuple[tuple[str, str, float | str], ...] = (
     ("cycle_vs_floor", ">=", 0.7),
-    ("batched_vs_floor", ">=", 0.7),
     ("batched_msgs_per_s", ">=", 10_000),
+    ("tenants.1000.single_vs_floor", ">=", 0.5),
+    ("tenants.1000.batched_vs_floor", ">=", 0.5),
+    ("tenants.10000.single_vs_floor", ">=", 0.5),
+    ("tenants.10000.batched_vs_floor", ">=", 0.5),
+    ("tenants.100000.single_vs_floor", ">=", 0.4),
+    ("tenants.100000.batched_vs_floor", ">=", 0.4),
     ("depth_latency_ratio", "<=", 1.3),
     ("channels_latency_ratio", "<=", 1.3),
     ("fairness_wait_ratio", "<=", 1.5),
     ("jain_index", ">=", 0.99),
-    ("held_snapshot_ratio", ">=", 0.7),
+    ("held_snapshot_ratio", ">=", "floor_held_snapshot_ratio"),
     ("soak_ratio", ">=", 0.9),
+    ("churn.last_vs_first", ">=", 0.9),
     ("spark_enqueue_rows_per_s", ">=", 20_000),
 )
 
@@ -396,23 +418,52 @@ def _producer_script(kind: str, sizes: Sizes, batched: bool) -> str:
 
 
 def _produce(kind: str, sizes: Sizes, batched: bool) -> str:
-    n, c = sizes.batch, sizes.channels
+    n = sizes.batch
     if kind == "floor":
         if batched:
             return (f"INSERT INTO {SCHEMA}.floor (channel, content)"
-                    f" SELECT 1 + (random() * {c - 1})::int, {PAYLOAD_SQL}"
+                    f" SELECT {_channel_sql(sizes)}, {PAYLOAD_SQL}"
                     f" FROM generate_series(1, {n});\n")
-        return (f"\\set ch random(1, {c})\n"
+        return (_channel_set(sizes) +
                 f"INSERT INTO {SCHEMA}.floor (channel, content) VALUES (:ch, {PAYLOAD_SQL});\n")
     if kind == "fifo":
         return f"SELECT {SCHEMA}.message_create({PAYLOAD_SQL});\n"
     if batched:
         return ("SELECT count(*) FROM fairq.message_create_batch("
-                f"ARRAY(SELECT 'bench-' || (1 + (random() * {c - 1})::int)"
+                f"ARRAY(SELECT 'bench-' || {_channel_sql(sizes)}"
                 f" FROM generate_series(1, {n})),"
                 f" array_fill({PAYLOAD_SQL}, ARRAY[{n}]));\n")
-    return (f"\\set ch random(1, {c})\n"
+    return (_channel_set(sizes) +
             f"SELECT 1 FROM fairq.message_create('bench-' || :ch::text, {PAYLOAD_SQL});\n")
+
+
+# The "zipf" spread: channel = floor((c + 1) ** u) for u uniform in [0, 1), so channel
+# k of 1..c gets ln((k + 1) / k) / ln(c + 1) of the messages, about 1 / (k ln c): Zipf
+# with exponent 1. A few channels are heavy, half the messages go to the first
+# sqrt(c) channels, and the rest is a long tail. The same formula in pgbench (one
+# message per call) and in SQL (batches), and for floor and fairq alike.
+
+def _channel_set(sizes: Sizes) -> str:
+    """pgbench: ``:ch``, the channel (1..channels) of a one-message call."""
+    c = sizes.channels
+    if sizes.channel_spread == "zipf":
+        return f"\\set ch int(pow({c + 1}, random(0, 999999) / 1000000.0))\n"
+    return f"\\set ch random(1, {c})\n"
+
+
+def _channel_sql(sizes: Sizes) -> str:
+    """SQL: the channel (1..channels) of one message of a batch."""
+    c = sizes.channels
+    if sizes.channel_spread == "zipf":
+        return f"floor(power({c + 1}, random()))::int"
+    return f"(1 + (random() * {c - 1})::int)"
+
+
+def channel_number(sizes: Sizes, rng: random.Random) -> int:
+    """Python: a channel (1..channels) drawn as the producers of ``sizes`` draw it."""
+    if sizes.channel_spread == "zipf":
+        return min(sizes.channels, int((sizes.channels + 1) ** rng.random()))
+    return rng.randint(1, sizes.channels)
 
 
 IDLE = "\\else\n\\sleep 1 ms\n\\endif\n"
@@ -476,7 +527,11 @@ def _prefill(dsn: str, kind: str, sizes: Sizes) -> None:
         elif kind == "fifo":
             conn.execute(f"INSERT INTO {SCHEMA}.message (content)"
                          f" SELECT {PAYLOAD_SQL} FROM generate_series(1, {n})")
-    if kind == "fairq":
+    if kind == "fairq" and sizes.channel_spread == "zipf":
+        rng = random.Random(11)
+        names = [f"bench-{channel_number(sizes, rng)}" for _ in range(sizes.prefill)]
+        load(dsn, names.__getitem__, sizes.prefill, sizes)
+    elif kind == "fairq":
         load(dsn, lambda i: f"bench-{1 + i % sizes.channels}", sizes.prefill, sizes)
     with connect(dsn) as conn:
         settle(conn)
@@ -841,22 +896,39 @@ def fairness_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- soak
 
-def soak_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
-    """A long batched run: producers stay at most soak_backlog ahead of consumers."""
-    reset(dsn)
-    with connect(dsn) as conn:
-        before = relation_sizes(conn)
-    total, n = sizes.soak_messages, sizes.batch
+@dataclass
+class BatchRun:
+    """What ``batch_run`` did; times are seconds since its start."""
+
+    total: int
+    produced: int = 0               # messages claimed by producers
+    created: int = 0                # messages whose create call has returned
+    completed: int = 0
+    events: list[tuple[float, int]] = field(default_factory=list)  # (time, completed)
+    produced_until: float = 0.0     # when the last create call returned
+    deadlocks: int = 0
+    seconds: float = 0.0
+
+
+def batch_run(dsn: str, sizes: Sizes, log: Log, label: str, total: int,
+              channels_for: Callable[[int, int, random.Random], list[str]], max_s: float,
+              on_created: Callable[[int, float], None] | None = None) -> BatchRun:
+    """``total`` messages through soak_producers and soak_consumers threads in batches
+    of ``sizes.batch``; producers stay at most ``soak_backlog`` ahead of consumers.
+
+    ``channels_for(first, count, rng)`` names the channels of messages first ..
+    first + count - 1 (a producer's own seeded ``rng``). ``on_created(created,
+    seconds)`` is called after every create call (under the run's lock: keep it short).
+    Stops after ``max_s`` seconds, and then reports what it did."""
+    n = sizes.batch
     lock = threading.Lock()
+    run = BatchRun(total)
     produced = [0]
     completed = [0]
-    events: list[tuple[float, int]] = []          # (seconds since start, messages completed)
-    produced_until = [0.0]
+    deadlocks = [0]
     threads = Threads()
     began = time.monotonic()
-    # Generous bound: 200 messages/s would be a pathological collapse.
-    deadline = began + sizes.soak_max_s
-    deadlocks = [0]
+    deadline = began + max_s
 
     def producer(seed: int) -> None:
         rng = random.Random(seed)
@@ -869,17 +941,22 @@ def soak_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
                         wait = True
                     else:
                         wait = False
-                        take = min(n, total - produced[0])
+                        first = produced[0]
+                        take = min(n, total - first)
                         produced[0] += take
                 if wait:
                     time.sleep(0.002)
                     continue
-                channels = [f"soak-{rng.randrange(sizes.channels)}" for _ in range(take)]
+                channels = channels_for(first, take, rng)
                 retrying(conn,
                          "SELECT count(*) FROM fairq.message_create_batch(%s::text[], %s::bytea[])",
                          (channels, [PAYLOAD] * take), deadlocks, lock)
                 with lock:
-                    produced_until[0] = max(produced_until[0], time.monotonic() - began)
+                    now = time.monotonic() - began
+                    run.produced_until = max(run.produced_until, now)
+                    run.created += take
+                    if on_created is not None:
+                        on_created(run.created, now)
 
     def consumer() -> None:
         with connect(dsn) as conn:
@@ -899,7 +976,7 @@ def soak_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
                          deadlocks, lock)
                 with lock:
                     completed[0] += len(rows)
-                    events.append((time.monotonic() - began, len(rows)))
+                    run.events.append((time.monotonic() - began, len(rows)))
 
     def reporter() -> None:
         last = 0
@@ -908,7 +985,7 @@ def soak_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
                 done = completed[0]
             if done >= total:
                 return
-            log(f"  soak: {done:,}/{total:,} completed ({(done - last) / 10:,.0f} msgs/s)")
+            log(f"  {label}: {done:,}/{total:,} completed ({(done - last) / 10:,.0f} msgs/s)")
             last = done
 
     for i in range(sizes.soak_producers):
@@ -919,10 +996,27 @@ def soak_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
     report.start()
     threads.join(deadline - time.monotonic() + 60)
     threads.stop.set()
-    elapsed = time.monotonic() - began
-    if completed[0] < total:
-        log(f"  soak stopped at its time cap ({sizes.soak_max_s:g} s):"
-            f" {completed[0]:,} of {total:,} messages completed")
+    run.seconds = time.monotonic() - began
+    run.produced, run.completed, run.deadlocks = produced[0], completed[0], deadlocks[0]
+    if run.completed < total:
+        log(f"  {label} stopped at its time cap ({max_s:g} s):"
+            f" {run.completed:,} of {total:,} messages completed")
+    return run
+
+
+def soak_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
+    """A long batched run: producers stay at most soak_backlog ahead of consumers."""
+    reset(dsn)
+    with connect(dsn) as conn:
+        before = relation_sizes(conn)
+    total = sizes.soak_messages
+
+    def channels_for(first: int, count: int, rng: random.Random) -> list[str]:
+        return [f"soak-{rng.randrange(sizes.channels)}" for _ in range(count)]
+
+    # Generous time cap: 200 messages/s would be a pathological collapse.
+    run = batch_run(dsn, sizes, log, "soak", total, channels_for, sizes.soak_max_s)
+    events, elapsed = run.events, run.seconds
     with connect(dsn) as conn:
         after = relation_sizes(conn)
         stats = table_stats(conn)
@@ -933,7 +1027,7 @@ def soak_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
     # the first batches are set up) to the last creation (the final drain is not steady
     # state): the first tenth of that span against the last tenth.
     start = events[0][0] if events else 0.0
-    end = produced_until[0] if produced_until[0] > start else elapsed
+    end = run.produced_until if run.produced_until > start else elapsed
     tenth = (end - start) / 10 or math.nan
     first = sum(k for t, k in events if start <= t <= start + tenth) / tenth
     last = sum(k for t, k in events if end - tenth < t <= end) / tenth
@@ -943,11 +1037,11 @@ def soak_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
     for b in range(math.ceil(elapsed / bucket)):
         lo, hi = b * bucket, (b + 1) * bucket
         series.append((round(hi, 3), sum(k for t, k in events if lo < t <= hi) / bucket))
-    return {"messages": total, "completed": completed[0], "remaining": remaining,
-            "produced": produced[0], "deadlocks_retried": deadlocks[0],
-            "stopped_by_time_cap": completed[0] < total,
+    return {"messages": total, "completed": run.completed, "remaining": remaining,
+            "produced": run.produced, "deadlocks_retried": run.deadlocks,
+            "stopped_by_time_cap": run.completed < total,
             "seconds": elapsed, "producing_seconds": span, "measured_from_s": start,
-            "msgs_per_s": completed[0] / elapsed if elapsed else math.nan,
+            "msgs_per_s": run.completed / elapsed if elapsed else math.nan,
             "first_tenth_msgs_per_s": first, "last_tenth_msgs_per_s": last,
             "ratio": ratio(last, first), "sizes": {"before": before, "after": after},
             "table_stats": stats, "check": [list(p) for p in problems],
@@ -999,7 +1093,15 @@ def machine(dsn: str, pgbench_binary: str, sizes: Sizes, cluster: str) -> dict[s
 
 # --------------------------------------------------------------------------- the run
 
-SCENARIOS = ("throughput", "events", "batched", "held", "depth", "channels", "fairness", "soak")
+SCENARIOS = ("throughput", "events", "batched", "held", "depth", "channels", "fairness", "soak",
+             "tenants", "churn")
+
+
+def describe(key: str, result: dict[str, Any]) -> str:
+    """The progress line of one throughput run."""
+    return (f"  {key}: {result['msgs_per_s']:,.0f} msgs/s"
+            f" (produced {result['produced_per_s']:,.0f}/s,"
+            f" backlog {result['backlog_before']:,} -> {result['backlog_after']:,})")
 
 
 def run(dsn: str, sizes: Sizes, log: Log | None = None,
@@ -1025,9 +1127,7 @@ def run(dsn: str, sizes: Sizes, log: Log | None = None,
                     **kw: Any) -> float:
             result = throughput(bench, kind, scale, batched, profile=profile, **kw)
             details[key] = result
-            log(f"  {key}: {result['msgs_per_s']:,.0f} msgs/s"
-                f" (produced {result['produced_per_s']:,.0f}/s,"
-                f" backlog {result['backlog_before']:,} -> {result['backlog_after']:,})")
+            log(describe(key, result))
             return float(result["msgs_per_s"])
 
         if "throughput" in scenarios or "held" in scenarios:
@@ -1088,14 +1188,24 @@ def run(dsn: str, sizes: Sizes, log: Log | None = None,
             log(f"  soak: {details['soak']['msgs_per_s']:,.0f} msgs/s overall, first tenth"
                 f" {details['soak']['first_tenth_msgs_per_s']:,.0f}, last tenth"
                 f" {details['soak']['last_tenth_msgs_per_s']:,.0f}")
+        if "tenants" in scenarios:
+            from fairq.bench_tenants import tenants_scenario
+            log(f"tenant axis: channels {sizes.tenant_levels} and a Zipf spread, 1 and"
+                f" {sizes.batch} msgs per call, floor and fairq interleaved")
+            out["tenants"], details["tenants"] = tenants_scenario(bench, sizes, log, profile)
+        if "churn" in scenarios:
+            from fairq.bench_tenants import churn_scenario
+            log(f"churn: {sizes.churn_messages:,} messages to {sizes.churn_tenants:,} tenants,"
+                f" {sizes.churn_window:,} active at a time")
+            churn = churn_scenario(dsn, sizes, log)
+            details["churn"] = {key: churn.pop(key) for key in ("check", "table_stats")}
+            out["churn"] = churn
     reset(dsn)
     with connect(dsn) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     out["machine"]["load_average_end"] = list(os.getloadavg())
     out["machine"]["bench_seconds"] = time.monotonic() - began
-    out["targets"] = {key: {"target": f"{op} {limit:g}", "value": out.get(key),
-                            "met": _met(out.get(key), op, limit)}
-                      for key, op, limit in TARGETS if key in out}
+    out["targets"] = targets(out)
     out["details"] = details
     return out
 
@@ -1117,13 +1227,46 @@ def spark_scenario(dsn: str, rows: int, results: dict[str, Any], log: Log) -> No
             conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     log(f"  spark: {rate:,.0f} rows/s")
     results["spark_enqueue_rows_per_s"] = rate
-    results.setdefault("targets", {}).update(
-        {key: {"target": f"{op} {limit:g}", "value": rate, "met": _met(rate, op, limit)}
-         for key, op, limit in TARGETS if key == "spark_enqueue_rows_per_s"})
+    results.setdefault("targets", {}).update(targets(results, "spark_enqueue_rows_per_s"))
+
+
+def lookup(results: dict[str, Any], key: str) -> Any:
+    """The result a key names; dots walk nested objects ("tenants.1000.single_vs_floor")."""
+    value: Any = results
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def targets(results: dict[str, Any], only: str | None = None) -> dict[str, dict[str, Any]]:
+    """Each target of TARGETS whose key the results hold: the target, the value and
+    whether it is met (None when the value, or the reference it is compared with, is
+    missing or NaN). A relative target also gives the ``threshold`` it resolved to."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, op, limit in TARGETS:
+        value = lookup(results, key)
+        if value is None or (only is not None and key != only):
+            continue
+        entry: dict[str, Any] = {"target": _target_text(op, limit), "value": value}
+        if isinstance(limit, str):
+            resolved = lookup(results, limit)
+            threshold = float(resolved) if isinstance(resolved, (int, float)) else math.nan
+            entry["threshold"] = threshold
+        else:
+            threshold = limit
+        entry["met"] = _met(value, op, threshold)
+        out[key] = entry
+    return out
+
+
+def _target_text(op: str, limit: float | str) -> str:
+    return f"{op} {limit}" if isinstance(limit, str) else f"{op} {limit:g}"
 
 
 def _met(value: Any, op: str, limit: float) -> bool | None:
-    if not isinstance(value, (int, float)) or math.isnan(value):
+    if not isinstance(value, (int, float)) or math.isnan(value) or math.isnan(limit):
         return None
     return value >= limit if op == ">=" else value <= limit
 
@@ -1166,23 +1309,47 @@ ROWS = (
     ("held_snapshot_ratio", "cycle with held snapshot / without", "{:.3f}"),
     ("floor_held_snapshot_ratio", "  floor with held snapshot (ref.)", "{:.3f}"),
     ("soak_ratio", "soak, last tenth / first tenth", "{:.3f}"),
+    ("churn.last_vs_first", "churn, last tenth / first tenth", "{:.3f}"),
     ("spark_enqueue_rows_per_s", "Spark DataFrame enqueue (rows/s)", "{:,.0f}"),
 )
 
 
+def _rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """ROWS, with two rows per level of the tenant axis after the churn row."""
+    tenant_rows: list[tuple[str, str, str]] = []
+    for name, level in results.get("tenants", {}).items():
+        where = (f"{level['channels']:,} ch." if name != "zipf"
+                 else f"Zipf {level['channels']:,} ch.")
+        for mode in ("single", "batched"):
+            tenant_rows += [(f"tenants.{name}.{mode}_msgs_per_s", f"{where}, fairq {mode}",
+                             "{:,.0f}"),
+                            (f"tenants.{name}.{mode}_vs_floor", f"  {where}, {mode} / floor",
+                             "{:.3f}")]
+    at = next(i for i, row in enumerate(ROWS) if row[0] == "churn.last_vs_first")
+    return [*ROWS[:at], *tenant_rows, *ROWS[at:]]
+
+
 def table(results: dict[str, Any]) -> str:
-    targets = {key: f"{op} {limit:,g}" for key, op, limit in TARGETS}
-    lines = [f"{'metric':<38} {'value':>12}  {'target':<10} met",
-             f"{'-' * 38} {'-' * 12}  {'-' * 10} ---"]
-    for key, label, fmt in ROWS:
-        if key not in results:
+    declared = {key: (op, limit) for key, op, limit in TARGETS}
+    met_by_key = results.get("targets", {})
+    lines = [f"{'metric':<38} {'value':>12}  {'target':<14} met",
+             f"{'-' * 38} {'-' * 12}  {'-' * 14} ---"]
+    for key, label, fmt in _rows(results):
+        value = lookup(results, key)
+        if value is None and key not in results:
             continue
-        value = results[key]
         shown = "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) \
             else fmt.format(value)
-        met = results.get("targets", {}).get(key, {}).get("met")
-        mark = "" if key not in targets else ("yes" if met else "NO" if met is False else "?")
-        lines.append(f"{label:<38} {shown:>12}  {targets.get(key, ''):<10} {mark}")
+        target = ""
+        if key in declared:
+            op, limit = declared[key]
+            threshold = met_by_key.get(key, {}).get("threshold")
+            target = (f"{op} {limit:,g}" if not isinstance(limit, str)
+                      else f"{op} ref" if not isinstance(threshold, float)
+                      or math.isnan(threshold) else f"{op} {threshold:.3f} ref")
+        met = met_by_key.get(key, {}).get("met")
+        mark = "" if key not in declared else ("yes" if met else "NO" if met is False else "?")
+        lines.append(f"{label:<38} {shown:>12}  {target:<14} {mark}")
     m = results.get("machine", {})
     lines.append(f"machine: {m.get('cores')} cores, {m.get('cpu')}, PostgreSQL"
                  f" {m.get('postgresql')}, fsync={m.get('settings', {}).get('fsync')},"
@@ -1215,7 +1382,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dsn", help="a database dedicated to the bench (default: start a"
                         " throwaway cluster on 127.0.0.1 and remove it afterwards)")
     parser.add_argument("--quick", action="store_true",
-                        help="small sizes: the whole run takes under 3 minutes")
+                        help="small sizes: the whole run takes a few minutes")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the results here")
     parser.add_argument("--plots", type=Path, metavar="DIR", help="write PNG plots here")
     parser.add_argument("--spark", action="store_true",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -114,4 +115,68 @@ def write_plots(results: dict[str, Any], directory: Path) -> list[Path]:
         ax.set_ylim(bottom=0)
         ax.legend()
         save(fig, "soak.png")
+
+    if results.get("tenants"):
+        save(_tenants_figure(plt, results["tenants"]), "tenants.png")
+    churn = results.get("churn")
+    if churn and churn.get("channel_rows"):
+        save(_churn_figure(plt, churn), "churn.png")
     return written
+
+
+def _tenants_figure(plt: Any, tenants: dict[str, Any]) -> Any:
+    """msgs/s against channel count (log x): fairq and floor, one panel per mode; the
+    Zipf variant as lone markers at its channel count."""
+    levels = sorted((v for k, v in tenants.items() if k != "zipf"), key=lambda v: v["channels"])
+    zipf = tenants.get("zipf")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, mode in zip(axes, ("single", "batched"), strict=True):
+        xs = [v["channels"] for v in levels]
+        for prefix, label, style, colour in (("", "fairq", "o-", "#1f77b4"),
+                                             ("floor_", "floor", "s--", "#888888")):
+            ys = [v.get(f"{prefix}{mode}_msgs_per_s") for v in levels]
+            ax.plot(xs, [math.nan if y is None else y for y in ys], style, color=colour,
+                    label=f"{label}, uniform")
+            if zipf and zipf.get(f"{prefix}{mode}_msgs_per_s") is not None:
+                ax.plot([zipf["channels"]], [zipf[f"{prefix}{mode}_msgs_per_s"]], "*",
+                        color=colour, markersize=12, label=f"{label}, Zipf")
+        ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("channels (tenants)")
+        ax.set_ylabel("messages per second")
+        ax.set_title("1 message per call" if mode == "single" else "batched calls")
+        ax.legend(fontsize=8)
+    fig.suptitle("Throughput against the number of tenants")
+    return fig
+
+
+def _churn_figure(plt: Any, churn: dict[str, Any]) -> Any:
+    """Per tenth of the churn soak, against the tenants seen so far: throughput, and
+    fairq.channel's bytes (heap, total, each index) and rows."""
+    seen = churn["tenants_seen"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    rates = [math.nan if r is None else r for r in churn["tenth_msgs_per_s"]]
+    top.plot(seen[:len(rates)], rates, "o-")
+    top.set_ylim(bottom=0)
+    top.set_ylabel("msgs/s in the tenth")
+    ratio = churn.get("last_vs_first")
+    top.set_title(f"Churn soak: {churn['messages']:,} messages, {churn['tenants']:,} tenants"
+                  f" ({churn['window']:,} at a time)"
+                  + (f", last/first tenth {ratio:.3f}" if isinstance(ratio, float) else ""))
+    mb = 1 / (1024 * 1024)
+    bottom.plot(seen, [b * mb for b in churn["channel_bytes"]], "o-", label="heap")
+    bottom.plot(seen, [b * mb for b in churn["channel_total_bytes"]], "s-", label="total")
+    for name, sizes in churn["channel_index_bytes"].items():
+        bottom.plot(seen, [math.nan if b is None else b * mb for b in sizes], "--",
+                    label=name.removeprefix("fairq."))
+    bottom.set_ylim(bottom=0)
+    bottom.set_xlabel("tenants seen so far")
+    bottom.set_ylabel("fairq.channel (MiB)")
+    rows = bottom.twinx()
+    rows.plot(seen, churn["channel_rows"], "k:", label="rows (right)")
+    rows.set_ylim(bottom=0)
+    rows.set_ylabel("fairq.channel rows")
+    lines, labels = bottom.get_legend_handles_labels()
+    more, more_labels = rows.get_legend_handles_labels()
+    bottom.legend(lines + more, labels + more_labels, fontsize=7, loc="upper left")
+    return fig
