@@ -793,35 +793,40 @@ CREATE FUNCTION fairq.apply_wakes(p_now timestamptz, p_limit integer) RETURNS bo
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_channel_ids bigint[] := ARRAY(
-        SELECT r.channel_id
-          FROM (SELECT t.channel_id,
-                       row_number() OVER (ORDER BY t.turn_at <= p_now DESC NULLS LAST,
-                                                   t.turn_at, t.turn_seq) AS rank,
-                       coalesce(t.turn_at <= p_now, false) AS eligible
-                  FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq
-                          FROM (SELECT * FROM fairq.channel_wake w
-                                 WHERE GREATEST(w.due_at, w.woken_at) <= p_now
-                                 ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
-                                 LIMIT p_limit + 32) w
-                         CROSS JOIN LATERAL (
-                               SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
-                                                      k.release_interval_ms, k.in_flight,
-                                                      k.max_concurrency, w.woken_at) AS turn_at
-                                 FROM fairq.channel k WHERE k.id = w.channel_id
-                               OFFSET 0) k  -- one lookup by id per wake
-                         GROUP BY w.channel_id) t) r
-         WHERE NOT r.eligible OR r.rank <= p_limit);
+    v_eligible bigint[];    -- channels the window's wakes make eligible, earliest turn first
+    v_ineligible bigint[];  -- the others: at max_concurrency, or rate-limited past now
+    v_taken bigint[];
 BEGIN
-    IF cardinality(v_channel_ids) = 0 THEN
+    SELECT coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
+                        FILTER (WHERE t.turn_at <= p_now), '{}'),
+           coalesce(array_agg(t.channel_id) FILTER (WHERE t.turn_at IS NULL OR t.turn_at > p_now), '{}')
+      INTO v_eligible, v_ineligible
+      FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq
+              FROM (SELECT * FROM fairq.channel_wake w
+                     WHERE GREATEST(w.due_at, w.woken_at) <= p_now
+                     ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
+                     LIMIT p_limit + 32) w
+             CROSS JOIN LATERAL (
+                   SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
+                                          k.release_interval_ms, k.in_flight,
+                                          k.max_concurrency, w.woken_at) AS turn_at
+                     FROM fairq.channel k WHERE k.id = w.channel_id
+                   OFFSET 0) k  -- one lookup by id per wake
+             GROUP BY w.channel_id) t;
+    -- The first p_limit eligible channels that are free, then every free ineligible one.
+    v_taken := ARRAY(SELECT c.id
+                       FROM unnest(v_eligible) WITH ORDINALITY AS e(id, pos)
+                       JOIN fairq.channel c ON c.id = e.id
+                      ORDER BY e.pos
+                      LIMIT p_limit
+                        FOR NO KEY UPDATE OF c SKIP LOCKED)
+            || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
+                      ORDER BY c.id
+                        FOR NO KEY UPDATE SKIP LOCKED);
+    IF cardinality(v_taken) = 0 THEN
         RETURN false;
     END IF;
-    v_channel_ids := ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_channel_ids)
-                            ORDER BY c.id FOR NO KEY UPDATE SKIP LOCKED);
-    IF cardinality(v_channel_ids) = 0 THEN
-        RETURN false;
-    END IF;
-    PERFORM fairq.fold_wakes(v_channel_ids);
+    PERFORM fairq.fold_wakes(v_taken);
     RETURN true;
 END
 $$;
