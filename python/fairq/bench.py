@@ -1273,7 +1273,8 @@ def _met(value: Any, op: str, limit: float) -> bool | None:
 
 def _sharedir() -> str:
     try:
-        out = subprocess.run(["pg_config", "--sharedir"], capture_output=True, text=True,
+        from fairq.cluster import pg_config
+        out = subprocess.run([pg_config(), "--sharedir"], capture_output=True, text=True,
                              check=True)
     except (OSError, subprocess.CalledProcessError):
         return "/nonexistent"
@@ -1419,12 +1420,13 @@ def main(argv: list[str] | None = None) -> int:
             dsn, where = args.dsn, "external (--dsn)"
         else:
             from fairq.cluster import Cluster
-            log("starting a throwaway cluster (durable settings)")
             settings = dict(DURABLE_SETTINGS)
             if args.profile:
                 settings.update({"shared_preload_libraries": "pg_stat_statements",
                                  "pg_stat_statements.track": "all"})
-            cluster = Cluster(settings=settings).start()
+            cluster = Cluster(settings=settings)
+            log(f"starting a throwaway cluster of {cluster.version} (durable settings)")
+            cluster.start()
             dsn, where = cluster.dsn(), f"throwaway, {DURABLE_SETTINGS}"
         log(f"fairq bench ({sizes.name}) against {dsn}")
         results = run(dsn, sizes, log, scenarios, where, profile=args.profile)

@@ -618,8 +618,8 @@ def cleanup(dsn: str, scenario: Scenario, since: datetime | None, out: TextIO) -
 
 @contextmanager
 def throwaway_database(out: TextIO) -> Iterator[str]:
-    print("starting a throwaway PostgreSQL on 127.0.0.1 ...", file=out, flush=True)
     cluster = Cluster()
+    print(f"starting a throwaway {cluster.version} on 127.0.0.1 ...", file=out, flush=True)
     try:
         cluster.start()
         dsn = cluster.dsn("postgres")
