@@ -21,6 +21,8 @@ from psycopg import sql
 
 from sqlq import Conn, call, create, dequeue, problems
 
+BUSY_WAIT = "30s"  # a failure net: no dequeue waits that long for another's commit
+
 
 @dataclass
 class Tally:
@@ -39,7 +41,11 @@ def race(dsn: str, *, threads: int, calls: int, batch: int) -> Tally:
 
     def work() -> None:
         try:
-            with psycopg.connect(dsn, autocommit=True) as c:
+            # The wait for a busy channel is bounded by the server's clock (200 ms by
+            # default): widened here, so that a holder slowed by the machine's load
+            # does not turn into an empty answer.
+            with psycopg.connect(dsn, autocommit=True,
+                                 options=f"-c fairq.dequeue_busy_wait={BUSY_WAIT}") as c:
                 mine = Tally()
                 start.wait()
                 for _ in range(calls):

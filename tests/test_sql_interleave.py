@@ -169,9 +169,11 @@ def test_two_dequeues_on_one_busy_channel_do_not_answer_empty(dsn: str, conn: Co
         first = dequeue(other)
         assert len(first) == 1
         # The channel row is locked by the open dequeue; a second dequeue must wait
-        # for it, not report an empty queue. It waits at most 200 ms (by the server's
-        # clock) before it answers "nothing available": commit as soon as it waits.
-        second = Background(dsn, lambda c: dequeue(c))
+        # for it, not report an empty queue. It waits at most fairq.dequeue_busy_wait
+        # (by the server's clock) before it answers "nothing available": widened to
+        # the failure net, and the test commits as soon as it sees the wait.
+        second = Background(dsn, lambda c: (
+            c.execute(f"SET fairq.dequeue_busy_wait = '{int(FAILURE_NET)}s'"), dequeue(c))[1])
         assert second.waits_for(other)
     got = second.join()
     assert len(got) == 1 and got[0].id != first[0].id
