@@ -153,6 +153,7 @@ def test_targets_resolve_nested_keys_and_relative_thresholds() -> None:
     del results["floor_held_snapshot_ratio"]
     assert bench.targets(results)["held_snapshot_ratio"]["met"] is None
     assert "batched_vs_floor" not in {key for key, _, _ in bench.TARGETS}
+    assert "batched_msgs_per_s" not in {key for key, _, _ in bench.TARGETS}
 
 
 def test_churn_tenants_come_and_go() -> None:
