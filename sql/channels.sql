@@ -1,15 +1,10 @@
--- channels.sql — channel policy, turns and lifecycle.
+-- channels.sql — channel policy, pauses and lifecycle (turns: turns.sql; locks:
+-- locks.sql).
 --
 -- Invariants:
---   * lock order, everywhere: a message row, then the channel's advisory locks
---     (producer lock, then policy lock), then its channel row, then its
---     channel_size row; several channels by channel id. The dequeue takes channel
---     rows only with SKIP LOCKED, or by waiting while it holds no other lock, and
---     advisory locks only by trying, so fairq calls do not wait for one another in a
---     cycle (a dequeue that buries a message may still wait for a bounded channel's
---     size row);
 --   * producers never lock a channel row: they hold the channel's producer lock (a
---     transaction-level advisory lock on the channel name, shared among producers),
+--     transaction-level advisory lock on the queue and channel name, shared among
+--     producers),
 --     which dequeues and settlements never wait for, and an idle channel's wake is
 --     queued (fairq.channels_wake), so an open producer transaction never hides or
 --     blocks its channel. Only a change that would make a channel *less* eligible
@@ -20,69 +15,9 @@
 --   * a channel with no policy and nothing in it stays, idle, until the collector
 --     removes it (fairq.collect_idle_channels): a tenant that sends again soon finds
 --     its row, and no settlement has to delete one;
---   * a channel joins the round-robin at the back (its turn is "now"), a served
---     channel goes to the back, and a rate-limited channel's turn is never earlier
---     than its last release plus release_interval_ms.
-
--- When a channel's next turn comes. With p_turn_at set, an existing earlier turn is
--- kept (a new message never delays a channel that already waits for its turn).
--- STABLE, not IMMUTABLE, because timestamptz + interval is: a SQL function is inlined
--- into the statements that call it only when it claims no more than its body does.
-CREATE FUNCTION fairq.next_turn(
-    p_turn_at timestamptz, p_due_at timestamptz, p_last_release_at timestamptz,
-    p_release_interval_ms bigint, p_in_flight integer, p_max_concurrency integer,
-    p_now timestamptz
-) RETURNS timestamptz
-LANGUAGE sql STABLE PARALLEL SAFE
-AS $$
-    SELECT CASE
-        WHEN p_due_at IS NULL THEN NULL
-        WHEN p_max_concurrency IS NOT NULL AND p_in_flight >= p_max_concurrency THEN NULL
-        ELSE LEAST(p_turn_at,
-                   GREATEST(p_due_at, p_now,
-                            p_last_release_at + fairq.ms(p_release_interval_ms)))
-    END
-$$;
-
--- Since when a channel with pending work due at p_due_at has been idle: NULL while it
--- has pending work, else the earlier idle time, or now.
-CREATE FUNCTION fairq.idle_since(p_due_at timestamptz, p_idle_since timestamptz, p_now timestamptz)
-RETURNS timestamptz
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT CASE WHEN p_due_at IS NULL THEN coalesce(p_idle_since, p_now) END $$;
-
--- Writes back a channel row its caller has locked and changed. p_keep_turn keeps an
--- earlier turn (create, defer, settle); without it the turn is recomputed from
--- scratch (the channel was just served or found to have nothing due). A new turn
--- takes p_turn_seq, or the next value of fairq.turn_seq.
-CREATE FUNCTION fairq.channel_store(p_channel fairq.channel, p_now timestamptz, p_keep_turn boolean,
-                                    p_turn_seq bigint DEFAULT NULL)
-RETURNS fairq.channel
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v_turn_at timestamptz := fairq.next_turn(
-        CASE WHEN p_keep_turn THEN p_channel.turn_at END, p_channel.due_at,
-        p_channel.last_release_at, p_channel.release_interval_ms,
-        p_channel.in_flight, p_channel.max_concurrency, p_now);
-BEGIN
-    IF v_turn_at IS NULL THEN
-        p_channel.turn_seq := NULL;
-    ELSIF NOT p_keep_turn OR v_turn_at IS DISTINCT FROM p_channel.turn_at THEN
-        p_channel.turn_seq := coalesce(p_turn_seq, nextval('fairq.turn_seq'));
-    END IF;
-    p_channel.turn_at := v_turn_at;
-    UPDATE fairq.channel
-       SET in_flight = p_channel.in_flight,
-           last_release_at = p_channel.last_release_at,
-           due_at = p_channel.due_at,
-           turn_at = p_channel.turn_at,
-           turn_seq = p_channel.turn_seq,
-           idle_since = fairq.idle_since(p_channel.due_at, p_channel.idle_since, p_now)
-     WHERE id = p_channel.id;
-    RETURN p_channel;
-END
-$$;
+--   * a paused channel keeps its messages, policy, locks and row (the collector
+--     leaves it alone until the pause is over); its turn waits for the pause's end
+--     and it then joins the rotation like any channel whose wait is over.
 
 -- How many concurrency slots p_count messages take: none on a channel without
 -- max_concurrency, which keeps in_flight at 0 (see tables.sql).
@@ -108,33 +43,6 @@ $$;
 -- (plpgsql, not SQL, below: a SQL function that cannot be inlined would be planned
 -- again at every call; plpgsql keeps its plans for the session.)
 
--- The producer lock of a channel: advisory, transaction-level, keyed by the channel
--- name in fairq's own key space (class 1717660018 = 'fair' in ASCII; two-key advisory
--- locks never collide with one-key ones). Two names sharing a hash only cost an
--- extra wait or a skipped clean-up, never correctness.
-CREATE FUNCTION fairq.producer_lock_key(p_channel text) RETURNS integer
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT hashtext(p_channel) $$;
-
--- The policy lock of a channel: advisory, transaction-level, class 1717660019, keyed
--- by the channel id. Completions hold it shared, channel_set and channel_clear
--- exclusively (before they lock the row), so a completion never sees max_concurrency
--- change under it, and a dequeue never mistakes a completion for a producer.
-CREATE FUNCTION fairq.policy_lock_key(p_channel_id bigint) RETURNS integer
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT hashint8(p_channel_id) $$;
-
--- True when no producer is inserting into the channel right now. On true, holds the
--- producer lock exclusively until commit, so producers that arrive later wait for
--- this transaction and then see what it decided.
-CREATE FUNCTION fairq.channel_quiet(p_channel text) RETURNS boolean
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    RETURN pg_try_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
-END
-$$;
-
 -- When a locked channel's earliest pending message is due, for a caller about to
 -- write it back. Making the channel less eligible (nothing due now, or nothing at
 -- all) first takes the producer lock and then looks again, in a new snapshot: a
@@ -142,27 +50,27 @@ $$;
 -- the lock is seen by the second look. That look sees every committed message, so
 -- the channel's queued wakes are spent: they are dropped (the caller holds the row,
 -- as fairq.apply_wakes would).
-CREATE FUNCTION fairq.settled_due_at(p_channel_id bigint, p_channel_name text, p_now timestamptz)
+CREATE FUNCTION fairq.settled_due_at(p_channel fairq.channel, p_now timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_due_at timestamptz := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
+    v_due_at timestamptz := (SELECT p.due_at FROM fairq.pending_due_at(p_channel.id) AS p);
 BEGIN
     IF v_due_at IS NULL OR v_due_at > p_now THEN
-        IF NOT fairq.channel_quiet(p_channel_name) THEN
+        IF NOT fairq.channel_quiet(p_channel.queue_id, p_channel.name) THEN
             RETURN p_now;
         END IF;
-        v_due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
-        DELETE FROM fairq.channel_wake w WHERE w.channel_id = p_channel_id;
+        v_due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel.id) AS p);
+        DELETE FROM fairq.channel_wake w WHERE w.channel_id = p_channel.id;
     END IF;
     RETURN v_due_at;
 END
 $$;
 
--- The collector: removes channels that have no policy and have held nothing for at
--- least the setting fairq.idle_channel_ttl (default 10 s; a PostgreSQL interval),
--- longest idle first, at most p_limit. Dequeues call it once a second (see
+-- The collector: removes channels that have no policy and have held nothing (and
+-- been unpaused) for at least the setting fairq.idle_channel_ttl (default 10 s; a
+-- PostgreSQL interval), longest idle first, at most p_limit, whatever their queue. Dequeues call it once a second (see
 -- fairq.message_dequeue), so the channel table holds the tenants active lately, not
 -- every tenant ever seen. A channel is removed only when, under its producer lock
 -- (taken by trying, never waiting) and in a snapshot taken after that lock, it holds
@@ -180,12 +88,13 @@ DECLARE
     v_removed integer;
 BEGIN
     v_quiet := ARRAY(
-        SELECT c.id FROM (SELECT c.id, c.name FROM fairq.channel c
-                           WHERE c.idle_since <= p_now - v_ttl AND NOT c.has_policy
-                           ORDER BY c.idle_since
+        SELECT c.id FROM (SELECT c.id, c.queue_id, c.name FROM fairq.channel c
+                           WHERE GREATEST(c.idle_since, c.paused_until) <= p_now - v_ttl
+                             AND c.idle_since IS NOT NULL AND NOT c.has_policy
+                           ORDER BY GREATEST(c.idle_since, c.paused_until)
                            LIMIT p_limit
                              FOR NO KEY UPDATE SKIP LOCKED) c
-         WHERE fairq.channel_quiet(c.name));
+         WHERE fairq.channel_quiet(c.queue_id, c.name));
     IF cardinality(v_quiet) = 0 THEN
         RETURN 0;
     END IF;
@@ -202,23 +111,25 @@ BEGIN
 END
 $$;
 
--- The channel rows for a producer, created with the default policy on first use,
--- under each channel's producer lock (shared, taken in name order), which also keeps
--- them from being collected until this transaction ends.
-CREATE FUNCTION fairq.channels_for_producer(p_names text[]) RETURNS SETOF fairq.channel
+-- The channel rows of queue p_queue_id for a producer, created with the default
+-- policy on first use, under each channel's producer lock (shared, taken in name
+-- order), which also keeps them from being collected until this transaction ends.
+CREATE FUNCTION fairq.channels_for_producer(p_queue_id integer, p_names text[]) RETURNS SETOF fairq.channel
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(1717660018, fairq.producer_lock_key(n.name))
+    PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
+                                         fairq.producer_lock_key(p_queue_id, n.name))
        FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name) ORDER BY u.name) n;
     -- A name inserted concurrently is waited for, then left alone: the next
     -- statement's snapshot sees it either way.
-    INSERT INTO fairq.channel (name, idle_since)
-    SELECT DISTINCT u.name, fairq.clock() FROM unnest(p_names) AS u(name)
-     WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.name = u.name)
+    INSERT INTO fairq.channel (queue_id, name, idle_since)
+    SELECT DISTINCT p_queue_id, u.name, fairq.clock() FROM unnest(p_names) AS u(name)
+     WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = u.name)
      ORDER BY u.name
-    ON CONFLICT (name) DO NOTHING;
-    RETURN QUERY SELECT c.* FROM fairq.channel c WHERE c.name = ANY (p_names) ORDER BY c.id;
+    ON CONFLICT (queue_id, name) DO NOTHING;
+    RETURN QUERY SELECT c.* FROM fairq.channel c
+                  WHERE c.queue_id = p_queue_id AND c.name = ANY (p_names) ORDER BY c.id;
 END
 $$;
 
@@ -260,9 +171,9 @@ DECLARE
     v_woken bigint[];
 BEGIN
     WITH queued AS (
-        INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq)
-        SELECT n.id, n.due_at, p_now, nextval('fairq.turn_seq')
-          FROM (SELECT c.id, e.due_at FROM fairq.channel c
+        INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
+        SELECT n.id, n.due_at, p_now, nextval('fairq.turn_seq'), n.queue_id
+          FROM (SELECT c.id, e.due_at, c.queue_id FROM fairq.channel c
                   JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
                  -- The channel as the next dequeue will see it: with the wakes already
                  -- queued (those of producers still open are not seen; a second wake
@@ -282,8 +193,8 @@ $$;
 -- Applies the queued wakes (fairq.channels_wake) of channels whose rows the caller
 -- holds, as if each had been applied when it was queued, in order, as of its
 -- woken_at (channel_store keeping an earlier turn): the channel's due_at moves to the
--- earliest wake's; its turn becomes the earliest any wake gives, with the turn_seq of
--- the first wake that gave it. Every caller that locks a channel row to change its
+-- earliest wake's; its turn becomes the earliest any wake gives (a time: the dequeue
+-- then puts it into the rotation), with the turn_seq of the first wake that gave it. Every caller that locks a channel row to change its
 -- turn folds its wakes in first (fairq.channel_lock, the dequeue's pick, recovery,
 -- completions), so a wake never acts after a later change. Only the holder of a
 -- channel's row takes its wakes; a wake committed after this statement's snapshot
@@ -298,7 +209,7 @@ BEGIN
     ), folded AS (  -- each wake's turn, applied after the ones queued before it
         SELECT t.channel_id, t.turn_seq, f.due_at,
                fairq.next_turn(NULL, f.due_at, c.last_release_at, c.release_interval_ms,
-                               c.in_flight, c.max_concurrency, t.woken_at) AS turn_at
+                               c.in_flight, c.max_concurrency, c.paused_until, t.woken_at) AS turn_at
           FROM taken t
           JOIN fairq.channel c ON c.id = t.channel_id
          CROSS JOIN LATERAL (SELECT LEAST(c.due_at, min(t2.due_at)) AS due_at
@@ -314,27 +225,30 @@ BEGIN
     UPDATE fairq.channel c
        SET due_at = b.due_at,
            idle_since = NULL,  -- a wake always brings a due time
-           turn_at = LEAST(c.turn_at, b.turn_at),
-           turn_seq = CASE WHEN LEAST(c.turn_at, b.turn_at) IS NULL THEN NULL
-                           WHEN c.turn_at IS NULL OR b.turn_at < c.turn_at THEN b.turn_seq
-                           ELSE c.turn_seq END
+           turn_at = LEAST(c.turn_at, b.turn_at),  -- the keep-turn rule (turns.sql)
+           turn_pass = fairq.kept_place(c.turn_at, LEAST(c.turn_at, b.turn_at), c.turn_pass),
+           turn_given_at = fairq.kept_place(c.turn_at, LEAST(c.turn_at, b.turn_at), c.turn_given_at),
+           turn_seq = fairq.kept_turn_seq(c.turn_at, LEAST(c.turn_at, b.turn_at), c.turn_seq, b.turn_seq)
       FROM best b
      WHERE c.id = ANY (p_channel_ids) AND c.id = b.channel_id;
 END
 $$;
 
--- For a dequeue, before it picks: fold in queued wakes, looking at the p_limit + 32
+-- For a dequeue of queue p_queue_id, before it picks: fold in the queue's queued
+-- wakes, looking at the p_limit + 32
 -- wakes whose turns come first (by due and woken time: an index range, so a burst of
 -- wakes costs each dequeue no more). Of their channels it takes the p_limit that
 -- these wakes make eligible earliest, so the pick sees every channel whose turn is
--- among the next p_limit, and those that stay ineligible (at max_concurrency, or
--- rate-limited past now), which no dequeue could serve now anyway; other wakes wait,
--- so a dequeue holds no more servable channel rows than it may serve. Rows held by
+-- among the next p_limit (they then join the rotation where their wakes' times
+-- place them: fairq.join_rotation), and those that stay ineligible (at
+-- max_concurrency, rate-limited or paused past now), which no dequeue could serve
+-- now anyway; other wakes wait, so a dequeue holds no more servable channel rows
+-- than it may serve. Rows held by
 -- others are skipped. A rate-limited channel's wake can make it eligible later than
 -- its place in the window says: then a channel woken just after the window may take
 -- its turn one dequeue late. True if it applied any (the caller then holds those
 -- rows).
-CREATE FUNCTION fairq.apply_wakes(p_now timestamptz, p_limit integer) RETURNS boolean
+CREATE FUNCTION fairq.apply_wakes(p_queue_id integer, p_now timestamptz, p_limit integer) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -348,13 +262,13 @@ BEGIN
       INTO v_eligible, v_ineligible
       FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq
               FROM (SELECT * FROM fairq.channel_wake w
-                     WHERE GREATEST(w.due_at, w.woken_at) <= p_now
+                     WHERE w.queue_id = p_queue_id AND GREATEST(w.due_at, w.woken_at) <= p_now
                      ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
                      LIMIT p_limit + 32) w
              CROSS JOIN LATERAL (
                    SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
                                           k.release_interval_ms, k.in_flight,
-                                          k.max_concurrency, w.woken_at) AS turn_at
+                                          k.max_concurrency, k.paused_until, w.woken_at) AS turn_at
                      FROM fairq.channel k WHERE k.id = w.channel_id
                    OFFSET 0) k  -- one lookup by id per wake
              GROUP BY w.channel_id) t;
@@ -399,7 +313,7 @@ AS $$
 DECLARE
     v_channel fairq.channel := fairq.channel_lock(p_channel_id);
 BEGIN
-    v_channel.due_at := fairq.settled_due_at(p_channel_id, v_channel.name, p_now);
+    v_channel.due_at := fairq.settled_due_at(v_channel, p_now);
     PERFORM fairq.channel_store(v_channel, p_now, false, p_turn_seq);
 END
 $$;
@@ -445,12 +359,34 @@ BEGIN
 END
 $$;
 
+-- The channel row for a change of policy or pause, created on first use, with its
+-- producer lock and then its policy lock held exclusively, then the row itself (its
+-- wakes folded in). Waiting out producers mid-insert makes them and channel_size
+-- agree on max_size. (The row stays: collecting it would need the producer lock held
+-- here.)
+CREATE FUNCTION fairq.channel_for_policy(p_queue_id integer, p_channel text) RETURNS fairq.channel
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_channel_id bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(fairq.producer_lock_class(), fairq.producer_lock_key(p_queue_id, p_channel));
+    INSERT INTO fairq.channel (queue_id, name) VALUES (p_queue_id, p_channel)
+    ON CONFLICT (queue_id, name) DO NOTHING;
+    SELECT c.id INTO v_channel_id FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = p_channel;
+    PERFORM pg_advisory_xact_lock(fairq.policy_lock_class(), fairq.policy_lock_key(v_channel_id));
+    RETURN fairq.channel_lock(v_channel_id);
+END
+$$;
+
 CREATE FUNCTION fairq.channel_set(
     p_channel text,
     p_max_concurrency integer DEFAULT NULL,
     p_release_interval_ms bigint DEFAULT 0,
     p_max_size integer DEFAULT NULL,
-    p_max_attempts integer DEFAULT NULL
+    p_max_attempts integer DEFAULT NULL,
+    p_weight integer DEFAULT 1,
+    p_queue text DEFAULT 'default'
 ) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -464,22 +400,15 @@ BEGIN
     PERFORM fairq.require_duration(p_release_interval_ms, 0, 'p_release_interval_ms');
     PERFORM fairq.require_limit(p_max_size, 'p_max_size');
     PERFORM fairq.require_limit(p_max_attempts, 'p_max_attempts');
-
-    -- The producer lock, exclusively: waits out producers mid-insert, so that they
-    -- and the size count below agree on max_size.
-    PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
-    INSERT INTO fairq.channel (name) VALUES (p_channel) ON CONFLICT (name) DO NOTHING;
-    -- (The row stays: collecting it would need the producer lock held here.)
-    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel;
-    PERFORM pg_advisory_xact_lock(1717660019, fairq.policy_lock_key(v_channel.id));
-    v_channel := fairq.channel_lock(v_channel.id);
+    PERFORM fairq.require_weight(p_weight, 'p_weight');
+    v_channel := fairq.channel_for_policy(fairq.queue_for_producer(p_queue, 'p_queue'), p_channel);
 
     -- Completions of an uncapped channel do not lock its row but hold its policy
     -- lock (shared), so the count of locked messages below is exact.
     UPDATE fairq.channel
        SET has_policy = true, max_concurrency = p_max_concurrency,
            release_interval_ms = p_release_interval_ms, max_size = p_max_size,
-           max_attempts = p_max_attempts,
+           max_attempts = p_max_attempts, weight = p_weight,
            in_flight = CASE WHEN p_max_concurrency IS NULL THEN 0 ELSE
                            (SELECT count(*) FROM fairq.message m
                              WHERE m.channel_id = v_channel.id AND m.status = 'locked') END
@@ -494,12 +423,45 @@ BEGIN
         ON CONFLICT (channel_id) DO NOTHING;
     END IF;
     -- New limits apply from now: the turn is recomputed (a raised release interval
-    -- moves it later, a lowered one brings it to now).
+    -- moves it later, a lowered one brings it to now; the channel joins the rotation
+    -- again at the back).
     PERFORM fairq.channel_store(v_channel, v_now, false);
 END
 $$;
 
-CREATE FUNCTION fairq.channel_clear(p_channel text) RETURNS boolean
+CREATE FUNCTION fairq.channel_clear(p_channel text, p_queue text DEFAULT 'default') RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_queue_id integer;
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    v_queue_id := (fairq.queue_lookup(p_queue, 'p_queue')).id;
+    IF v_queue_id IS NULL OR NOT EXISTS (
+            SELECT 1 FROM fairq.channel c
+             WHERE c.queue_id = v_queue_id AND c.name = p_channel
+               AND (c.has_policy OR c.paused_until > v_now)) THEN
+        RETURN false;
+    END IF;
+    v_channel := fairq.channel_for_policy(v_queue_id, p_channel);
+    DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
+    UPDATE fairq.channel
+       SET has_policy = false, max_concurrency = NULL, release_interval_ms = 0,
+           max_size = NULL, max_attempts = NULL, in_flight = 0, weight = 1, paused_until = NULL
+     WHERE id = v_channel.id
+    RETURNING * INTO v_channel;
+    PERFORM fairq.channel_store(v_channel, v_now, false);
+    RETURN true;
+END
+$$;
+
+-- A pause changes when the channel may be served, nothing else: its turn waits for
+-- p_until (fairq.next_turn), then it joins the rotation at the back.
+CREATE FUNCTION fairq.channel_pause(p_channel text, p_until timestamptz DEFAULT 'infinity',
+                                    p_queue text DEFAULT 'default') RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -508,25 +470,43 @@ DECLARE
     v_channel fairq.channel;
 BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel');
-    PERFORM pg_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
-    SELECT * INTO v_channel FROM fairq.channel WHERE name = p_channel AND has_policy;
-    IF NOT FOUND THEN
+    PERFORM fairq.require_future(p_until, v_now, 'p_until');
+    v_channel := fairq.channel_for_policy(fairq.queue_for_producer(p_queue, 'p_queue'), p_channel);
+    v_channel.paused_until := p_until;
+    UPDATE fairq.channel SET paused_until = p_until WHERE id = v_channel.id;
+    PERFORM fairq.channel_store(v_channel, v_now, false);
+END
+$$;
+
+CREATE FUNCTION fairq.channel_resume(p_channel text, p_queue text DEFAULT 'default') RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_queue_id integer;
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    v_queue_id := (fairq.queue_lookup(p_queue, 'p_queue')).id;
+    IF v_queue_id IS NULL OR NOT EXISTS (
+            SELECT 1 FROM fairq.channel c
+             WHERE c.queue_id = v_queue_id AND c.name = p_channel AND c.paused_until > v_now) THEN
         RETURN false;
     END IF;
-    PERFORM pg_advisory_xact_lock(1717660019, fairq.policy_lock_key(v_channel.id));
-    v_channel := fairq.channel_lock(v_channel.id);
-    DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
-    UPDATE fairq.channel
-       SET has_policy = false, max_concurrency = NULL, release_interval_ms = 0,
-           max_size = NULL, max_attempts = NULL, in_flight = 0
-     WHERE id = v_channel.id
-    RETURNING * INTO v_channel;
+    v_channel := fairq.channel_for_policy(v_queue_id, p_channel);
+    v_channel.paused_until := NULL;
+    UPDATE fairq.channel SET paused_until = NULL WHERE id = v_channel.id;
     PERFORM fairq.channel_store(v_channel, v_now, false);
     RETURN true;
 END
 $$;
 
-COMMENT ON FUNCTION fairq.channel_set(text, integer, bigint, integer, integer) IS
-    'Upserts a channel''s policy. NULL means unlimited: p_max_concurrency messages in flight at once, p_release_interval_ms minimum gap between fresh releases, p_max_size messages held (in flight included), p_max_attempts deliveries before dead-lettering.';
-COMMENT ON FUNCTION fairq.channel_clear(text) IS
-    'Forgets a channel''s explicit policy (true if it had one); the channel reverts to no limits and disappears when empty.';
+COMMENT ON FUNCTION fairq.channel_set(text, integer, bigint, integer, integer, integer, text) IS
+    'Upserts a channel''s policy. NULL means unlimited: p_max_concurrency messages in flight at once, p_release_interval_ms minimum gap between fresh releases, p_max_size messages held (in flight included), p_max_attempts deliveries before dead-lettering; p_weight (1-1000) is its share of turns.';
+COMMENT ON FUNCTION fairq.channel_clear(text, text) IS
+    'Forgets a channel''s explicit policy and any pause (true if it had one); the channel reverts to no limits and disappears when empty.';
+COMMENT ON FUNCTION fairq.channel_pause(text, timestamptz, text) IS
+    'Hands out no message of the channel before p_until (default: until resumed); it keeps its messages, policy and locks.';
+COMMENT ON FUNCTION fairq.channel_resume(text, text) IS
+    'Ends a channel''s pause (true if it was paused); it joins the rotation like a channel that just became eligible.';

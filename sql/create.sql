@@ -31,7 +31,8 @@ CREATE FUNCTION fairq.message_create_batch(
     p_contents bytea[],
     p_dequeue_ats timestamptz[] DEFAULT NULL,
     p_priorities integer[] DEFAULT NULL,
-    p_dedup_keys text[] DEFAULT NULL
+    p_dedup_keys text[] DEFAULT NULL,
+    p_queue text DEFAULT 'default'
 ) RETURNS TABLE(ord integer, id bigint, status text)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -41,6 +42,7 @@ AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
     v_count integer := fairq.require_batch_array(fairq.require(p_channels, 'p_channels'), 'p_channels');
+    v_queue_id integer;
     v_names text[];
     v_channel_ids bigint[];
     v_bounded fairq.channel[];
@@ -85,13 +87,14 @@ BEGIN
         PERFORM fairq.require_finite(p_dequeue_ats[v_bad], format('p_dequeue_ats[%s]', v_bad));
     END IF;
 
+    v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
     -- Take every channel's producer lock (creating the channel on first use); it
     -- conflicts only with channel_set/channel_clear and with a dequeue deciding that
     -- a channel is empty, each of which holds it for one short call.
     SELECT coalesce(array_agg(c.name ORDER BY c.id), '{}'), coalesce(array_agg(c.id ORDER BY c.id), '{}'),
            coalesce(array_agg(c ORDER BY c.id) FILTER (WHERE c.max_size IS NOT NULL), '{}')
       INTO v_names, v_channel_ids, v_bounded
-      FROM fairq.channels_for_producer(p_channels) AS c;
+      FROM fairq.channels_for_producer(v_queue_id, p_channels) AS c;
     SELECT array_agg(e.channel_id ORDER BY e.i), array_agg(e.first_of ORDER BY e.i)
       INTO v_channel_of, v_first_of
       FROM (SELECT u.i, c.id AS channel_id,
@@ -142,10 +145,10 @@ BEGIN
                 OFFSET 0) x
     ), inserted AS (
         INSERT INTO fairq.message
-            (id, channel_id, status, priority, dequeue_at, created_at, dedup_key, content)
+            (id, channel_id, status, priority, dequeue_at, created_at, dedup_key, content, queue_id)
         SELECT c.new_id, c.channel_id,
                CASE WHEN c.dequeue_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status,
-               c.priority, c.dequeue_at, v_now, c.dedup_key, c.content
+               c.priority, c.dequeue_at, v_now, c.dedup_key, c.content, v_queue_id
           FROM candidate c
          ORDER BY c.i
         ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
@@ -189,7 +192,7 @@ BEGIN
              GROUP BY u.channel_id) e;
 
     -- A message wakes workers only where its channel's turn moved earlier.
-    PERFORM fairq.notify_event('created', c.name, min(u.id), min(coalesce(u.dequeue_at, v_now)))
+    PERFORM fairq.notify_event('created', v_queue_id, c.name, min(u.id), min(coalesce(u.dequeue_at, v_now)))
        FROM unnest(v_channel_of, v_ids, v_statuses, p_dequeue_ats) AS u(channel_id, id, status, dequeue_at)
        JOIN unnest(v_names, v_channel_ids) AS c(name, id) ON c.id = u.channel_id
       WHERE u.status = 'created' AND fairq.events_wanted(c.id = ANY (v_woken))
@@ -204,7 +207,8 @@ CREATE FUNCTION fairq.message_create(
     p_content bytea,
     p_dequeue_at timestamptz DEFAULT NULL,
     p_priority integer DEFAULT 0,
-    p_dedup_key text DEFAULT NULL
+    p_dedup_key text DEFAULT NULL,
+    p_queue text DEFAULT 'default'
 ) RETURNS TABLE(id bigint, status text)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -214,6 +218,7 @@ AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
     v_due_at timestamptz := coalesce(p_dequeue_at, v_now);
+    v_queue_id integer;
     v_channel fairq.channel;
     v_wakes boolean;  -- the message brings its channel's turn forward: a wake is queued
     v_id bigint;
@@ -222,13 +227,15 @@ BEGIN
     PERFORM fairq.require(p_content, 'p_content');
     PERFORM fairq.require_dedup_key(p_dedup_key, 'p_dedup_key');
     PERFORM fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
+    v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
     -- The producer lock first, as in the batch path: under it the row read next
     -- cannot be collected, and its max_size cannot change (channel_set takes the
     -- lock exclusively).
-    PERFORM pg_advisory_xact_lock_shared(1717660018, fairq.producer_lock_key(p_channel));
-    SELECT * INTO v_channel FROM fairq.channel c WHERE c.name = p_channel;
+    PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
+                                         fairq.producer_lock_key(v_queue_id, p_channel));
+    SELECT * INTO v_channel FROM fairq.channel c WHERE c.queue_id = v_queue_id AND c.name = p_channel;
     IF v_channel.id IS NULL THEN
-        SELECT * INTO v_channel FROM fairq.channels_for_producer(ARRAY[p_channel]);
+        SELECT * INTO v_channel FROM fairq.channels_for_producer(v_queue_id, ARRAY[p_channel]);
     END IF;
     IF v_channel.max_size IS NOT NULL THEN
         -- A bounded channel: the batch path's admission under max_size.
@@ -236,7 +243,7 @@ BEGIN
             SELECT b.id, b.status
               FROM fairq.message_create_batch(ARRAY[p_channel], ARRAY[p_content],
                                               ARRAY[p_dequeue_at], ARRAY[p_priority],
-                                              ARRAY[p_dedup_key]) AS b;
+                                              ARRAY[p_dedup_key], p_queue) AS b;
         RETURN;
     END IF;
     -- The batch path's order, for one message: look for a live message with the same
@@ -246,17 +253,18 @@ BEGIN
          WHERE m.channel_id = v_channel.id AND m.dedup_key = p_dedup_key;
     END IF;
     IF v_id IS NULL THEN
-        INSERT INTO fairq.message (channel_id, status, priority, dequeue_at, created_at, dedup_key, content)
+        INSERT INTO fairq.message (channel_id, status, priority, dequeue_at, created_at, dedup_key, content,
+                                   queue_id)
         VALUES (v_channel.id,
                 CASE WHEN v_due_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status,
-                coalesce(p_priority, 0), v_due_at, v_now, p_dedup_key, p_content)
+                coalesce(p_priority, 0), v_due_at, v_now, p_dedup_key, p_content, v_queue_id)
         ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         RETURNING fairq.message.id INTO v_id;
         IF v_id IS NOT NULL THEN
             v_wakes := fairq.needs_wake(v_channel.due_at, v_due_at, v_now)
                        AND cardinality(fairq.channels_wake(ARRAY[v_channel.id], ARRAY[v_due_at], v_now)) > 0;
             IF fairq.events_wanted(v_wakes) THEN
-                PERFORM fairq.notify_event('created', p_channel, v_id, v_due_at);
+                PERFORM fairq.notify_event('created', v_queue_id, p_channel, v_id, v_due_at);
             END IF;
             RETURN QUERY SELECT v_id, 'created'::text;
             RETURN;
@@ -269,7 +277,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION fairq.message_create(text, bytea, timestamptz, integer, text) IS
-    'Puts a message on a channel (created on first use). Returns (id, created), (id of the existing message, duplicate) for a live dedup key, or (NULL, dropped) when the channel is at max_size.';
-COMMENT ON FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], integer[], text[]) IS
-    'message_create for many messages at once: one row per input element (ord = 1-based position). NULL elements of the optional arrays mean the defaults.';
+COMMENT ON FUNCTION fairq.message_create(text, bytea, timestamptz, integer, text, text) IS
+    'Puts a message on a channel of queue p_queue (both created on first use). Returns (id, created), (id of the existing message, duplicate) for a live dedup key, or (NULL, dropped) when the channel is at max_size.';
+COMMENT ON FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], integer[], text[], text) IS
+    'message_create for many messages at once, all to queue p_queue: one row per input element (ord = 1-based position). NULL elements of the optional arrays mean the defaults.';

@@ -1,22 +1,26 @@
 -- dequeue.sql — handing out messages: the whole scheduling algorithm.
 --
--- One call, in order:
+-- A dequeue serves one queue (p_queue): every lookup below starts with its id, so
+-- other queues' messages and channels cost it nothing. *When* a channel may be
+-- served and *in what order* channels are served are kept apart: the rules of
+-- turns, the rotation and weights are in turns.sql. One call, in order:
 --   0. Apply the channel wakes producers queued (fairq.apply_wakes) that make their
---      channels eligible now, earliest turns first, for as many channels as messages
---      are wanted: an idle channel that got a message joins the rotation with the
---      turn its producer gave it.
+--      channels eligible now, earliest first, for as many channels as messages are
+--      wanted: an idle channel that got a message waits to join the rotation from
+--      the time its producer gave it.
 --   1. Recover expired locks (oldest first, at most p_max_messages per call): each
 --      message goes back to 'ready' in its channel, frees its concurrency slot and
 --      waits for the channel's next turn like any other message — a crash never lets
 --      one tenant's recovered work jump the round-robin. (Past max_attempts it is
---      buried instead.)
---   2. Take the eligible channels whose turns are earliest, as many as messages are
---      still wanted: one index scan of channel_turn_ix ((turn_at, turn_seq) WHERE
---      turn_at IS NOT NULL). Channels at max_concurrency, rate-limited channels and
---      channels with nothing due have no turn or a future one, so they cost nothing.
+--      buried instead.) Then, if the queue is paused, the call hands out nothing.
+--   2. Channels whose wait is over join the rotation at its back, earliest first
+--      (fairq.join_rotation). Then take the channels first in the rotation (by pass),
+--      as many as messages are still wanted: one scan of channel_turn_ix (queue_id,
+--      turn_at, turn_pass, turn_seq). Channels at max_concurrency, rate-limited,
+--      paused or with nothing due are not in the rotation, so they cost nothing.
 --      SKIP LOCKED spreads concurrent dequeues over channels. A pick that finds
 --      nothing reads the clock again and picks once more: a call that started later
---      may have served a channel meanwhile and put its next turn at that later time.
+--      may have served a channel meanwhile and made it wait until that later time.
 --      If every eligible channel is busy with another call, a call that holds no lock
 --      yet waits briefly for one to be released and picks again (with a new clock),
 --      instead of answering "empty" while work is waiting.
@@ -25,15 +29,17 @@
 --      urgent), bury heads that would exceed max_attempts, then lock each channel's
 --      best ready message: one lookup on message_ready_ix (priority DESC,
 --      dequeue_at, id) per channel.
---   4. Give each served channel its next turn, in the order they were served: at the
---      back of the rotation (now, next turn_seq), no earlier than now +
---      release_interval_ms, no earlier than its next message is due, and none while
---      it is full. A channel that had nothing to hand out gets its turn recomputed.
--- Serving k channels once each, in turn order, is exactly what k single dequeues in
--- a row do: each served channel goes behind every channel still waiting. So a call
--- with p_max_messages = n repeats steps 2-4 in rounds until n messages are out or no
--- channel is eligible, and equals n single dequeues; turn_seq keeps the turns strict
--- although every release in the call happens at the same instant.
+--   4. Give each served channel its next turn: while it may be served again at once
+--      it stays in the rotation, moved on by its stride (1,000,000 / weight); else it
+--      waits (until now + release_interval_ms, its next message's due time, its
+--      pause's end, or a freed slot when full) and then joins again at the back. A
+--      channel that had nothing to hand out gets its turn recomputed.
+-- Serving k channels once each, in rotation order, is exactly what k single
+-- dequeues in a row do as long as none of them comes round again before the k-th:
+-- so a call with p_max_messages = n serves, in each round, the channels picked up to
+-- the first whose pass lies beyond an earlier one's next pass (with weight 1
+-- everywhere that is every channel picked), and repeats rounds until n messages are
+-- out or no channel is eligible. It equals n single dequeues.
 -- Last, once a second across all dequeues, it removes channels idle for a while
 -- (fairq.collect_idle_channels), so the channel table stays as large as the set of
 -- tenants active lately.
@@ -61,7 +67,7 @@ AS $$
 $$;
 
 -- Step 1. Returns how many expired locks it settled.
-CREATE FUNCTION fairq.recover_expired(p_now timestamptz, p_limit integer) RETURNS integer
+CREATE FUNCTION fairq.recover_expired(p_queue_id integer, p_now timestamptz, p_limit integer) RETURNS integer
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -72,7 +78,7 @@ DECLARE
 BEGIN
     FOR v_message IN
         SELECT * FROM fairq.message
-         WHERE status = 'locked' AND locked_until <= p_now
+         WHERE queue_id = p_queue_id AND status = 'locked' AND locked_until <= p_now
          ORDER BY locked_until
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
@@ -154,16 +160,17 @@ $$;
 -- waited for: another dequeue may be applying that wake. Not past p_until: a channel
 -- held longer is held by a user transaction, and the honest answer is then "nothing
 -- available". True when the caller should pick again.
-CREATE FUNCTION fairq.wait_for_release(p_until timestamptz) RETURNS boolean
+CREATE FUNCTION fairq.wait_for_release(p_queue_id integer, p_until timestamptz) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_wait_ms bigint := ceil(extract(epoch FROM p_until - clock_timestamp()) * 1000);
     v_first bigint := coalesce(
-        (SELECT c.id FROM fairq.channel c WHERE c.turn_at <= (SELECT fairq.clock())
-          ORDER BY c.turn_at, c.turn_seq LIMIT 1),
+        (SELECT c.id FROM fairq.channel c
+          WHERE c.queue_id = p_queue_id AND c.turn_at <= (SELECT fairq.clock())
+          ORDER BY c.turn_at, c.turn_pass, c.turn_seq LIMIT 1),
         (SELECT w.channel_id FROM fairq.channel_wake w
-          WHERE GREATEST(w.due_at, w.woken_at) <= (SELECT fairq.clock())
+          WHERE w.queue_id = p_queue_id AND GREATEST(w.due_at, w.woken_at) <= (SELECT fairq.clock())
           ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq LIMIT 1));
 BEGIN
     IF v_first IS NULL OR v_wait_ms <= 0 THEN
@@ -183,7 +190,33 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION fairq.message_dequeue(p_lock_ms bigint, p_max_messages integer DEFAULT 1)
+-- Step 2's round: of the channels picked (in rotation order, with their weights),
+-- how many n single dequeues would serve one after the other before any of them
+-- comes round again: up to the first channel that waits to join, or whose pass lies
+-- beyond the next pass of a channel before it (equal passes: the one already there
+-- goes first). At least one.
+CREATE FUNCTION fairq.round_length(p_turn_ats timestamptz[], p_passes bigint[], p_weights integer[])
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_next_pass bigint;  -- the lowest next pass of the channels before
+BEGIN
+    FOR i IN 1 .. cardinality(p_passes) LOOP
+        IF i > 1 AND (p_turn_ats[i] <> fairq.in_rotation() OR p_passes[i] > v_next_pass) THEN
+            RETURN i - 1;
+        END IF;
+        IF p_turn_ats[i] <> fairq.in_rotation() THEN
+            RETURN 1;  -- a channel still waiting to join (left over by join_rotation) goes alone
+        END IF;
+        v_next_pass := LEAST(v_next_pass, p_passes[i] + fairq.turn_stride(p_weights[i]));
+    END LOOP;
+    RETURN cardinality(p_passes);
+END
+$$;
+
+CREATE FUNCTION fairq.message_dequeue(p_lock_ms bigint, p_max_messages integer DEFAULT 1,
+                                      p_queue text DEFAULT 'default')
 RETURNS TABLE(id bigint, channel text, content bytea, state bytea, num_attempts bigint,
               priority integer, dequeue_at timestamptz, recovered boolean)
 LANGUAGE plpgsql SECURITY DEFINER
@@ -194,8 +227,12 @@ AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
     v_lock interval := fairq.ms(fairq.require_duration(p_lock_ms, 1, 'p_lock_ms'));
+    v_queue fairq.queue;
     v_wait_until timestamptz;
     v_picked bigint[];
+    v_turn_ats timestamptz[];
+    v_passes bigint[];
+    v_weights integer[];
     v_ids bigint[];
     v_served bigint[];
     v_visited bigint[] := '{}';
@@ -208,25 +245,38 @@ DECLARE
     v_attempts_capped boolean;
 BEGIN
     PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
+    v_queue := fairq.queue_lookup(p_queue, 'p_queue');
+    IF v_queue.id IS NULL THEN
+        RETURN;  -- nobody has named this queue yet: nothing in it
+    END IF;
     -- Step 0, before the pick, so woken channels take the turns their producers gave.
-    IF EXISTS (SELECT 1 FROM fairq.channel_wake) THEN
-        v_holds_locks := fairq.apply_wakes(v_now, p_max_messages);
+    IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = v_queue.id) THEN
+        v_holds_locks := fairq.apply_wakes(v_queue.id, v_now, p_max_messages);
     END IF;
     -- Step 1, when the earliest lock has expired (one probe of message_locked_ix).
     IF (SELECT m.id FROM fairq.message m
-         WHERE m.status = 'locked' AND m.locked_until <= v_now
+         WHERE m.queue_id = v_queue.id AND m.status = 'locked' AND m.locked_until <= v_now
          ORDER BY m.locked_until LIMIT 1) IS NOT NULL THEN
-        v_holds_locks := fairq.recover_expired(v_now, p_max_messages) > 0 OR v_holds_locks;
+        v_holds_locks := fairq.recover_expired(v_queue.id, v_now, p_max_messages) > 0 OR v_holds_locks;
+    END IF;
+    IF v_queue.paused_until > v_now THEN
+        v_count := p_max_messages;  -- a paused queue hands nothing out
+    ELSE
+        v_holds_locks := fairq.join_rotation(v_queue.id, v_now, p_max_messages) OR v_holds_locks;
     END IF;
 
     WHILE v_count < p_max_messages LOOP
         -- Step 2.
-        SELECT coalesce(array_agg(p.id ORDER BY p.turn_at, p.turn_seq), '{}'),
+        SELECT coalesce(array_agg(p.id ORDER BY p.turn_at, p.turn_pass, p.turn_seq), '{}'),
+               array_agg(p.turn_at ORDER BY p.turn_at, p.turn_pass, p.turn_seq),
+               array_agg(p.turn_pass ORDER BY p.turn_at, p.turn_pass, p.turn_seq),
+               array_agg(p.weight ORDER BY p.turn_at, p.turn_pass, p.turn_seq),
                coalesce(bool_or(p.max_attempts IS NOT NULL), false)
-          INTO v_picked, v_attempts_capped
-          FROM (SELECT c.id, c.turn_at, c.turn_seq, c.max_attempts FROM fairq.channel c
-                 WHERE c.turn_at <= v_now AND c.id <> ALL (v_visited)
-                 ORDER BY c.turn_at, c.turn_seq
+          INTO v_picked, v_turn_ats, v_passes, v_weights, v_attempts_capped
+          FROM (SELECT c.id, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts
+                  FROM fairq.channel c
+                 WHERE c.queue_id = v_queue.id AND c.turn_at <= v_now AND c.id <> ALL (v_visited)
+                 ORDER BY c.turn_at, c.turn_pass, c.turn_seq
                  LIMIT p_max_messages - v_count
                    FOR NO KEY UPDATE SKIP LOCKED) p;
         IF cardinality(v_picked) = 0 THEN
@@ -237,6 +287,8 @@ BEGIN
             IF NOT v_clock_fresh THEN
                 v_now := fairq.clock();
                 v_clock_fresh := true;
+                v_holds_locks := fairq.join_rotation(v_queue.id, v_now, p_max_messages - v_count)
+                                 OR v_holds_locks;
                 CONTINUE;
             END IF;
             EXIT WHEN v_holds_locks;
@@ -246,17 +298,20 @@ BEGIN
             v_wait_until := coalesce(v_wait_until, clock_timestamp() + coalesce(
                 nullif(current_setting('fairq.dequeue_busy_wait', true), '')::interval,
                 interval '200 ms'));
-            EXIT WHEN NOT fairq.wait_for_release(v_wait_until);
+            EXIT WHEN NOT fairq.wait_for_release(v_queue.id, v_wait_until);
             -- The call we waited for may have applied a wake, or left one free to apply,
             -- and gave its channel a turn at its own clock.
-            IF EXISTS (SELECT 1 FROM fairq.channel_wake) THEN
-                v_holds_locks := fairq.apply_wakes(fairq.clock(), p_max_messages - v_count);
+            IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = v_queue.id) THEN
+                v_holds_locks := fairq.apply_wakes(v_queue.id, fairq.clock(), p_max_messages - v_count);
             END IF;
             v_clock_fresh := false;
             CONTINUE;
         END IF;
         v_clock_fresh := false;
         v_holds_locks := true;
+        -- This round serves the channels that single dequeues would serve in a row;
+        -- the others stay locked by this call and are picked again.
+        v_picked := v_picked[1 : fairq.round_length(v_turn_ats, v_passes, v_weights)];
         -- Wakes still queued for the picked channels happened before this serve.
         IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_picked)) THEN
             PERFORM fairq.fold_wakes(v_picked);
@@ -301,18 +356,26 @@ BEGIN
              WHERE c.id = ANY (v_served)
              ORDER BY array_position(v_ids, l.id);
 
-        -- Step 4, for the served channels at once.
+        -- Step 4, for the served channels at once (turns.sql: fairq.served_turn_at).
         FOR v_drained IN
             UPDATE fairq.channel c
                SET in_flight = c.in_flight + fairq.slots(c.max_concurrency, 1),
                    last_release_at = v_now,
                    due_at = n.due_at,
                    idle_since = fairq.idle_since(n.due_at, c.idle_since, v_now),
-                   turn_at = fairq.next_turn(NULL, n.due_at, v_now, c.release_interval_ms,
-                                             c.in_flight + 1, c.max_concurrency, v_now),
-                   turn_seq = v_turn_seqs[array_position(v_picked, c.id)]
-              FROM (SELECT s.channel_id, p.due_at
+                   turn_at = n.turn_at,
+                   turn_pass = fairq.served_turn_pass(n.turn_at, c.turn_pass, c.weight),
+                   turn_given_at = CASE WHEN n.turn_at = fairq.in_rotation() THEN v_now END,
+                   turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL,
+                                                  v_turn_seqs[array_position(v_picked, c.id)])
+              FROM (SELECT s.channel_id, p.due_at,
+                           fairq.served_turn_at(k.turn_at,
+                                                fairq.next_turn(NULL, p.due_at, v_now, k.release_interval_ms,
+                                                                k.in_flight + 1, k.max_concurrency,
+                                                                k.paused_until, v_now),
+                                                v_now) AS turn_at
                       FROM unnest(v_served) AS s(channel_id)
+                      JOIN fairq.channel k ON k.id = s.channel_id
                      CROSS JOIN LATERAL fairq.pending_due_at(s.channel_id) AS p
                     OFFSET 0) n  -- keeps n.due_at a plain column, so next_turn is inlined
              WHERE c.id = ANY (v_served) AND c.id = n.channel_id
@@ -321,7 +384,7 @@ BEGIN
             -- A served channel with nothing more due now: look again under the
             -- producer lock before it goes idle or waits (see fairq.settled_due_at).
             CONTINUE WHEN v_drained.due_at <= v_now;
-            v_drained.due_at := fairq.settled_due_at(v_drained.id, v_drained.name, v_now);
+            v_drained.due_at := fairq.settled_due_at(v_drained, v_now);
             PERFORM fairq.channel_store(v_drained, v_now, false, v_drained.turn_seq);
         END LOOP;
         -- Picked channels that had nothing to hand out, in pick order.
@@ -343,5 +406,5 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION fairq.message_dequeue(bigint, integer) IS
-    'Hands out up to p_max_messages messages, each locked for p_lock_ms: channels take strict turns, within a channel the highest priority due message goes first. Zero rows means nothing is available. recovered is true when the previous lock expired unsettled.';
+COMMENT ON FUNCTION fairq.message_dequeue(bigint, integer, text) IS
+    'Hands out up to p_max_messages messages of queue p_queue, each locked for p_lock_ms: channels take turns by weight, within a channel the highest priority due message goes first. Zero rows means nothing is available. recovered is true when the previous lock expired unsettled.';

@@ -24,14 +24,16 @@ AS $$
            END
 $$;
 
--- Sends one event; callers ask fairq.events_wanted first.
-CREATE FUNCTION fairq.notify_event(p_event text, p_channel text, p_id bigint, p_dequeue_at timestamptz)
+-- Sends one event; callers ask fairq.events_wanted first. Workers filter by queue.
+CREATE FUNCTION fairq.notify_event(p_event text, p_queue_id integer, p_channel text, p_id bigint,
+                                   p_dequeue_at timestamptz)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
     PERFORM pg_notify('fairq', json_build_object(
-        'event', p_event, 'channel', p_channel, 'id', p_id, 'dequeue_at', p_dequeue_at)::text);
+        'event', p_event, 'queue', (SELECT q.name FROM fairq.queue q WHERE q.id = p_queue_id),
+        'channel', p_channel, 'id', p_id, 'dequeue_at', p_dequeue_at)::text);
 END
 $$;
 
@@ -43,9 +45,10 @@ AS $$
 BEGIN
     IF coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1') THEN
         INSERT INTO fairq.message_history
-            (id, channel, priority, created_at, first_dequeued_at, settled_at, num_attempts, outcome)
+            (id, channel, priority, created_at, first_dequeued_at, settled_at, num_attempts, outcome, queue)
         VALUES (p_message.id, p_channel, p_message.priority, p_message.created_at,
-                p_message.first_dequeued_at, p_now, p_message.num_attempts, p_outcome);
+                p_message.first_dequeued_at, p_now, p_message.num_attempts, p_outcome,
+                (SELECT q.name FROM fairq.queue q WHERE q.id = p_message.queue_id));
     END IF;
 END
 $$;
@@ -59,9 +62,10 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     INSERT INTO fairq.dead_letter
-        (id, channel, priority, content, state, num_attempts, error, created_at, died_at)
+        (id, channel, priority, content, state, num_attempts, error, created_at, died_at, queue)
     VALUES (p_message.id, p_channel.name, p_message.priority, p_message.content, p_message.state,
-            p_message.num_attempts, p_error, p_message.created_at, p_now);
+            p_message.num_attempts, p_error, p_message.created_at, p_now,
+            (SELECT q.name FROM fairq.queue q WHERE q.id = p_channel.queue_id));
     PERFORM fairq.record_history(p_message, p_channel.name, 'dead', p_now);
     PERFORM fairq.channel_resize(p_channel, -1, false);
 END

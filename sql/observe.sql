@@ -7,17 +7,22 @@
 --     invariant: no rows means the counters, heads and turns are consistent.
 
 CREATE VIEW fairq.channels AS
-SELECT c.name AS channel,
+SELECT q.name AS queue,
+       c.name AS channel,
        c.max_concurrency,
        c.release_interval_ms,
        c.max_size,
        c.max_attempts,
+       c.weight,
+       CASE WHEN c.paused_until > k.now THEN c.paused_until END AS paused_until,
        n.ready + n.scheduled + n.in_flight AS size,
        n.ready,
        n.scheduled,
        n.in_flight,
-       c.turn_at AS next_dequeue_at
+       -- in the rotation: now
+       CASE WHEN c.turn_at IS NOT NULL THEN GREATEST(c.turn_at, k.now) END AS next_dequeue_at
   FROM fairq.channel c
+  JOIN fairq.queue q ON q.id = c.queue_id
  -- A scalar subquery, evaluated once: joined as a table, the one-row clock_offset
  -- (never analyzed) would be costed at thousands of rows and drag in JIT.
  CROSS JOIN (SELECT (SELECT clock_timestamp() + shift FROM fairq.clock_offset) AS now) k
@@ -35,8 +40,22 @@ SELECT c.name AS channel,
  WHERE c.has_policy OR n.ready + n.scheduled + n.in_flight > 0;
 
 CREATE VIEW fairq.dead_letters AS
-SELECT id, channel, content, state, num_attempts, error, created_at, died_at
+SELECT id, queue, channel, content, state, num_attempts, error, created_at, died_at
   FROM fairq.dead_letter;
+
+CREATE VIEW fairq.queues AS
+SELECT q.name AS queue,
+       count(c.channel) AS channels,
+       coalesce(sum(c.size), 0)::bigint AS size,
+       coalesce(sum(c.ready), 0)::bigint AS ready,
+       coalesce(sum(c.scheduled), 0)::bigint AS scheduled,
+       coalesce(sum(c.in_flight), 0)::bigint AS in_flight,
+       (SELECT count(*) FROM fairq.dead_letter d WHERE d.queue = q.name) AS dead,
+       CASE WHEN q.paused_until > (SELECT clock_timestamp() + shift FROM fairq.clock_offset)
+            THEN q.paused_until END AS paused_until
+  FROM fairq.queue q
+  LEFT JOIN fairq.channels c ON c.queue = q.name
+ GROUP BY q.id, q.name, q.paused_until;
 
 CREATE FUNCTION fairq.history_prune(p_before timestamptz) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
@@ -86,8 +105,19 @@ AS $$
                           t.turn_at, t.due_at, t.in_flight, t.max_concurrency) END),
         (CASE WHEN (t.idle_since IS NULL) = (t.due_at IS NULL)
               THEN format('idle_since %s does not match due_at %s', t.idle_since, t.due_at) END),
-        (CASE WHEN t.turn_at < t.last_release_at + fairq.ms(t.release_interval_ms)
+        (CASE WHEN t.turn_at > fairq.in_rotation()
+                   AND t.turn_at < t.last_release_at + fairq.ms(t.release_interval_ms)
               THEN 'next turn comes before the release interval has passed' END),
+        (CASE WHEN (t.turn_at = fairq.in_rotation()) <> (t.turn_pass IS NOT NULL)
+                   OR (t.turn_at = fairq.in_rotation()) <> (t.turn_given_at IS NOT NULL)
+              THEN format('turn_pass %s and turn_given_at %s do not match turn_at %s: only a channel in the rotation has them',
+                          t.turn_pass, t.turn_given_at, t.turn_at) END),
+        (CASE WHEN t.turn_at > fairq.in_rotation() AND t.turn_at < t.paused_until
+              THEN format('next turn %s comes before the pause ends (%s)', t.turn_at, t.paused_until) END),
+        (CASE WHEN t.turn_at = fairq.in_rotation() AND t.paused_until > t.now
+              THEN format('in the rotation while paused until %s', t.paused_until) END),
+        (CASE WHEN t.weight NOT BETWEEN 1 AND 1000
+              THEN format('weight %s is outside 1..1000', t.weight) END),
         (CASE WHEN t.max_size IS NOT NULL AND t.counted_size IS DISTINCT FROM t.messages
               THEN format('channel_size says %s but the channel holds %s messages', t.counted_size, t.messages) END),
         (CASE WHEN t.max_size IS NULL AND t.counted_size IS NOT NULL
@@ -105,6 +135,14 @@ AS $$
      WHERE m.attempts_at_retry > m.num_attempts
     HAVING count(*) > 0
     UNION ALL
+    SELECT NULL, format('%s messages or wakes say another queue than their channel', count(*))
+      FROM (SELECT m.channel_id, m.queue_id FROM fairq.message m
+            UNION ALL
+            SELECT w.channel_id, w.queue_id FROM fairq.channel_wake w) x
+      JOIN fairq.channel c ON c.id = x.channel_id
+     WHERE c.queue_id <> x.queue_id
+    HAVING count(*) > 0
+    UNION ALL
     SELECT NULL, format('%s messages belong to no channel', count(*))
       FROM fairq.message m
      WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = m.channel_id)
@@ -112,9 +150,11 @@ AS $$
 $$;
 
 COMMENT ON VIEW fairq.channels IS
-    'Every channel with a policy or messages (idle channels kept for the collector are not shown), with its policy and contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when its next turn comes; NULL when empty or at max_concurrency).';
+    'Every channel with a policy or messages (idle channels kept for the collector are not shown), by queue, with its policy, weight and pause and its contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when it may next be served; NULL when empty or at max_concurrency).';
+COMMENT ON VIEW fairq.queues IS
+    'Every queue: its channels (as fairq.channels shows them), messages (size, ready, scheduled, in_flight), dead letters, and the end of its pause.';
 COMMENT ON VIEW fairq.dead_letters IS
-    'Messages that failed or ran out of attempts, with the error and when they died.';
+    'Messages that failed or ran out of attempts, by queue and channel, with the error and when they died.';
 COMMENT ON FUNCTION fairq.history_prune(timestamptz) IS
     'Deletes message_history rows settled before p_before; returns how many.';
 COMMENT ON FUNCTION fairq.check() IS

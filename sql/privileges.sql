@@ -6,8 +6,9 @@
 --     callers need EXECUTE on them and USAGE on the schema, never table privileges;
 --   * a producer can create and cancel messages but neither dequeue nor read
 --     contents; a worker can dequeue and settle; an observer can read the views and
---     the history, and run fairq.check(). Policy, retries and pruning stay with the owner (grant them
---     explicitly to an operator role if needed).
+--     the history, and run fairq.check(). Policies, pauses, dead-letter retry, delete
+--     and purge, and history pruning stay with the owner (grant them explicitly to an
+--     operator role if needed).
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fairq FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA fairq FROM PUBLIC;
@@ -37,8 +38,8 @@ LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT fairq.grant_to(p_role, 'EXECUTE', ARRAY[
-        'FUNCTION fairq.message_create(text, bytea, timestamptz, integer, text)',
-        'FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], integer[], text[])',
+        'FUNCTION fairq.message_create(text, bytea, timestamptz, integer, text, text)',
+        'FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], integer[], text[], text)',
         'FUNCTION fairq.message_cancel(bigint)'])
 $$;
 
@@ -47,7 +48,7 @@ LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT fairq.grant_to(p_role, 'EXECUTE', ARRAY[
-        'FUNCTION fairq.message_dequeue(bigint, integer)',
+        'FUNCTION fairq.message_dequeue(bigint, integer, text)',
         'FUNCTION fairq.message_complete(bigint, bigint)',
         'FUNCTION fairq.message_complete_batch(bigint[], bigint[])',
         'FUNCTION fairq.message_defer(bigint, bigint, timestamptz, bytea)',
@@ -60,7 +61,7 @@ LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT fairq.grant_to(p_role, 'SELECT', ARRAY[
-        'fairq.channels', 'fairq.dead_letters', 'fairq.message_history']);
+        'fairq.queues', 'fairq.channels', 'fairq.dead_letters', 'fairq.message_history']);
     SELECT fairq.grant_to(p_role, 'EXECUTE', ARRAY['FUNCTION fairq.check()']);
 $$;
 
@@ -75,4 +76,4 @@ COMMENT ON FUNCTION fairq.grant_producer(regrole) IS
 COMMENT ON FUNCTION fairq.grant_worker(regrole) IS
     'Lets a role dequeue, complete (single and batch), defer, heartbeat and fail messages.';
 COMMENT ON FUNCTION fairq.grant_observer(regrole) IS
-    'Lets a role read fairq.channels, fairq.dead_letters and fairq.message_history, and run fairq.check().';
+    'Lets a role read fairq.queues, fairq.channels, fairq.dead_letters and fairq.message_history, and run fairq.check().';

@@ -86,7 +86,7 @@ BEGIN
     v_channel_ids := ARRAY(SELECT DISTINCT d.channel_id FROM unnest(v_done) AS d ORDER BY 1);
     -- The channels' policy locks (shared), so that channel_set cannot change their
     -- max_concurrency, and recount in_flight, before this commits.
-    PERFORM pg_advisory_xact_lock_shared(1717660019, fairq.policy_lock_key(u.id))
+    PERFORM pg_advisory_xact_lock_shared(fairq.policy_lock_class(), fairq.policy_lock_key(u.id))
        FROM unnest(v_channel_ids) AS u(id);
     -- Only a capped channel needs its row, to free slots. Every other completion
     -- leaves its channel's row alone, so workers completing one tenant's messages do
@@ -115,22 +115,25 @@ BEGIN
     WITH freed AS (
         UPDATE fairq.channel c
            SET in_flight = c.in_flight - g.n,
-               turn_at = fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
-                                         c.in_flight - g.n, c.max_concurrency, v_now),
-               turn_seq = CASE
-                   WHEN fairq.next_turn(c.turn_at, c.due_at, c.last_release_at, c.release_interval_ms,
-                                        c.in_flight - g.n, c.max_concurrency, v_now)
-                        IS NOT DISTINCT FROM c.turn_at THEN c.turn_seq
-                   ELSE nextval('fairq.turn_seq') END
-          FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) g
+               turn_at = g.turn_at,  -- the keep-turn rule (turns.sql)
+               turn_pass = fairq.kept_place(c.turn_at, g.turn_at, c.turn_pass),
+               turn_given_at = fairq.kept_place(c.turn_at, g.turn_at, c.turn_given_at),
+               turn_seq = fairq.kept_turn_seq(c.turn_at, g.turn_at, c.turn_seq, nextval('fairq.turn_seq'))
+          FROM (SELECT k.id AS channel_id, d.n,
+                       fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
+                                       k.in_flight - d.n, k.max_concurrency, k.paused_until, v_now) AS turn_at
+                  FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) d
+                  JOIN fairq.channel k ON k.id = d.channel_id
+                 WHERE k.id = ANY (v_locked)
+                OFFSET 0) g
          WHERE c.id = ANY (v_locked) AND c.id = g.channel_id
         RETURNING c.id, c.in_flight + g.n >= c.max_concurrency AND c.turn_at IS NOT NULL AS woke
     )
     SELECT coalesce(array_agg(f.id) FILTER (WHERE f.woke), '{}') INTO v_woken FROM freed f;
-    PERFORM fairq.notify_event('completed', c.name, max(d.id), NULL)
+    PERFORM fairq.notify_event('completed', c.queue_id, c.name, max(d.id), NULL)
        FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
       WHERE c.id = ANY (v_channel_ids) AND fairq.events_wanted(c.id = ANY (v_woken))
-      GROUP BY c.name;
+      GROUP BY c.queue_id, c.name;
 
     RETURN QUERY
         SELECT u.id,
@@ -162,7 +165,7 @@ BEGIN
         RETURN fairq.miss(p_id, 'stale');
     END IF;
     DELETE FROM fairq.message WHERE id = p_id;
-    PERFORM pg_advisory_xact_lock_shared(1717660019, fairq.policy_lock_key(v_message.channel_id));
+    PERFORM pg_advisory_xact_lock_shared(fairq.policy_lock_class(), fairq.policy_lock_key(v_message.channel_id));
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     IF v_channel.max_concurrency IS NOT NULL THEN
         v_channel := fairq.channel_lock(v_channel.id);
@@ -173,7 +176,7 @@ BEGIN
     PERFORM fairq.channel_resize(v_channel, -1, false);
     PERFORM fairq.record_history(v_message, v_channel.name, 'completed', v_now);
     IF fairq.events_wanted(coalesce(v_woke, false)) THEN
-        PERFORM fairq.notify_event('completed', v_channel.name, p_id, NULL);
+        PERFORM fairq.notify_event('completed', v_channel.queue_id, v_channel.name, p_id, NULL);
     END IF;
     RETURN 'completed';
 END
@@ -207,7 +210,7 @@ BEGIN
     v_channel := fairq.channel_lock(v_message.channel_id);
     PERFORM fairq.channel_unlock(v_channel, 1, v_dequeue_at, v_now);
     IF fairq.events_wanted(true) THEN
-        PERFORM fairq.notify_event('deferred', v_channel.name, p_id, v_dequeue_at);
+        PERFORM fairq.notify_event('deferred', v_channel.queue_id, v_channel.name, p_id, v_dequeue_at);
     END IF;
     RETURN 'deferred';
 END
@@ -282,7 +285,8 @@ BEGIN
     END IF;
     -- The producer lock only keeps channel_set from changing max_size under our feet.
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
-    PERFORM pg_advisory_xact_lock_shared(1717660018, fairq.producer_lock_key(v_channel.name));
+    PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
+                                         fairq.producer_lock_key(v_channel.queue_id, v_channel.name));
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     PERFORM fairq.record_history(v_message, v_channel.name, 'cancelled', v_now);
     PERFORM fairq.channel_resize(v_channel, -1, false);
@@ -290,7 +294,7 @@ BEGIN
     -- Only then is the row locked.
     IF NOT EXISTS (SELECT 1 FROM fairq.pending_due_at(v_channel.id) AS p WHERE p.due_at IS NOT NULL) THEN
         v_channel := fairq.channel_lock(v_channel.id);
-        v_channel.due_at := fairq.settled_due_at(v_channel.id, v_channel.name, v_now);
+        v_channel.due_at := fairq.settled_due_at(v_channel, v_now);
         PERFORM fairq.channel_store(v_channel, v_now, false);
     END IF;
     RETURN 'cancelled';
@@ -313,19 +317,49 @@ BEGIN
         RETURN 'not_found';
     END IF;
     -- An operator's retry is not subject to max_size, and carries no dedup key.
-    SELECT * INTO v_channel FROM fairq.channels_for_producer(ARRAY[v_dead.channel]);
+    SELECT * INTO v_channel
+      FROM fairq.channels_for_producer(fairq.queue_for_producer(v_dead.queue, 'queue'), ARRAY[v_dead.channel]);
     PERFORM fairq.channels_wake(ARRAY[v_channel.id], ARRAY[v_now], v_now);
     PERFORM fairq.channel_resize(v_channel, 1, false);
     -- num_attempts goes on counting (it is the fencing token: a holder from before the
     -- message died must stay stale); max_attempts counts afresh from here.
     INSERT INTO fairq.message (id, channel_id, status, priority, dequeue_at, created_at, content, state,
-                               num_attempts, attempts_at_retry)
+                               num_attempts, attempts_at_retry, queue_id)
     VALUES (v_dead.id, v_channel.id, 'ready', v_dead.priority, v_now, v_dead.created_at,
-            v_dead.content, v_dead.state, v_dead.num_attempts, v_dead.num_attempts);
+            v_dead.content, v_dead.state, v_dead.num_attempts, v_dead.num_attempts, v_channel.queue_id);
     IF fairq.events_wanted(true) THEN
-        PERFORM fairq.notify_event('created', v_channel.name, v_dead.id, v_now);
+        PERFORM fairq.notify_event('created', v_channel.queue_id, v_channel.name, v_dead.id, v_now);
     END IF;
     RETURN 'requeued';
+END
+$$;
+
+CREATE FUNCTION fairq.dead_letter_delete(p_id bigint) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM fairq.dead_letter WHERE id = fairq.require(p_id, 'p_id');
+    RETURN CASE WHEN FOUND THEN 'deleted' ELSE 'not_found' END;
+END
+$$;
+
+CREATE FUNCTION fairq.dead_letter_purge(p_before timestamptz, p_queue text DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_deleted bigint;
+BEGIN
+    PERFORM fairq.require(p_before, 'p_before');
+    IF p_queue IS NULL THEN
+        DELETE FROM fairq.dead_letter WHERE died_at < p_before;
+    ELSE
+        DELETE FROM fairq.dead_letter
+         WHERE queue = fairq.require_channel_name(p_queue, 'p_queue') AND died_at < p_before;
+    END IF;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
 END
 $$;
 
@@ -343,3 +377,7 @@ COMMENT ON FUNCTION fairq.message_cancel(bigint) IS
     'Removes a message that is not in flight: cancelled | not_found | locked.';
 COMMENT ON FUNCTION fairq.dead_letter_retry(bigint) IS
     'Puts a dead letter back on its channel with a fresh budget of max_attempts deliveries (same id, priority and state, no dedup key, not subject to max_size); num_attempts, the fencing token, goes on counting: requeued | not_found.';
+COMMENT ON FUNCTION fairq.dead_letter_delete(bigint) IS
+    'Deletes a dead letter for good: deleted | not_found.';
+COMMENT ON FUNCTION fairq.dead_letter_purge(timestamptz, text) IS
+    'Deletes the dead letters that died before p_before, of queue p_queue or of every queue when NULL; returns how many.';

@@ -1,7 +1,11 @@
 -- tables.sql — where fairq keeps its state.
 --
 -- Invariants kept by every function in this schema:
---   * one channel row per name (unique), created on first use; a channel with no
+--   * one queue row per name, created on first use and kept (queues are few: job
+--     kinds); every channel, message, wake, dead letter and history row belongs to
+--     one queue, and a message or wake carries its channel's queue_id, so that every
+--     index a dequeue reads starts with the queue;
+--   * one channel row per (queue, name), created on first use; a channel with no
 --     explicit policy and nothing in it is kept idle for a while (a tenant that
 --     comes back finds it), then collected in bulk (fairq.collect_idle_channels);
 --   * channel.in_flight = number of its messages with status 'locked' when it has a
@@ -11,8 +15,9 @@
 --     pending messages becomes due (it may be earlier: a dequeue then finds nothing
 --     and recomputes it);
 --   * channel.turn_at is NULL when the channel cannot be served (nothing pending or
---     at max_concurrency), else the time its next turn comes; (turn_at, turn_seq)
---     orders the round-robin;
+--     at max_concurrency); '-infinity' when it is in its queue's rotation (ordered
+--     by turn_pass, then turn_seq); else the time from which it may be served (see
+--     turns.sql for the whole rule);
 --   * channel.idle_since is NULL exactly when due_at is not: since when the channel
 --     has had nothing pending;
 --   * channel_size exists exactly for channels with a max_size and counts all their
@@ -23,17 +28,27 @@
 
 CREATE TYPE fairq.message_status AS ENUM ('scheduled', 'ready', 'locked');
 
+CREATE SEQUENCE fairq.queue_id_seq AS integer;
 CREATE SEQUENCE fairq.channel_id_seq;
 -- Round-robin tie-breaker: a served or newly eligible channel takes the next value,
 -- so channels whose turns fall in the same microsecond still take strict turns.
 CREATE SEQUENCE fairq.turn_seq;
 CREATE SEQUENCE fairq.message_id_seq;
 
+-- A queue: its own channels and round-robin, served by its own workers. Rows are
+-- created by the first call that names the queue.
+CREATE TABLE fairq.queue (
+    id           integer     NOT NULL DEFAULT nextval('fairq.queue_id_seq') PRIMARY KEY,
+    name         text        NOT NULL UNIQUE,
+    paused_until timestamptz
+);
+ALTER SEQUENCE fairq.queue_id_seq OWNED BY fairq.queue.id;
+
 -- Every dequeue rewrites its channel's turn (an indexed column), so channel updates
 -- cannot be HOT: leave room on each page and vacuum the small, hot table often.
 CREATE TABLE fairq.channel (
     id                  bigint      NOT NULL DEFAULT nextval('fairq.channel_id_seq') PRIMARY KEY,
-    name                text        NOT NULL UNIQUE,
+    name                text        NOT NULL,
     has_policy          boolean     NOT NULL DEFAULT false,
     max_concurrency     integer,
     release_interval_ms bigint      NOT NULL DEFAULT 0,
@@ -44,16 +59,29 @@ CREATE TABLE fairq.channel (
     due_at              timestamptz,
     turn_at             timestamptz,
     turn_seq            bigint,
-    idle_since          timestamptz
+    idle_since          timestamptz,
+    queue_id            integer     NOT NULL,
+    weight              integer     NOT NULL DEFAULT 1,
+    paused_until        timestamptz,
+    -- Its place in the rotation while turn_at is '-infinity', and when it was given
+    -- (turns.sql).
+    turn_pass           bigint,
+    turn_given_at       timestamptz,
+    CONSTRAINT channel_queue_id_name_key UNIQUE (queue_id, name)
 ) WITH (fillfactor = 50,
         autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
         autovacuum_analyze_scale_factor = 0.05, autovacuum_vacuum_cost_delay = 0);
 ALTER SEQUENCE fairq.channel_id_seq OWNED BY fairq.channel.id;
 
--- The dequeue's first lookup: the eligible channel whose turn is earliest.
-CREATE INDEX channel_turn_ix ON fairq.channel (turn_at, turn_seq) WHERE turn_at IS NOT NULL;
--- Channels the collector may remove, longest idle first.
-CREATE INDEX channel_idle_ix ON fairq.channel (idle_since)
+-- The dequeue's lookups, within one queue: the rotation ('-infinity', by pass), then
+-- the channels whose time to join it has come (by that time).
+CREATE INDEX channel_turn_ix ON fairq.channel (queue_id, turn_at, turn_pass, turn_seq)
+    WHERE turn_at IS NOT NULL;
+-- The rotation by when each place was given: where a channel joining late belongs.
+CREATE INDEX channel_turn_given_ix ON fairq.channel (queue_id, turn_given_at, turn_pass)
+    WHERE turn_at = '-infinity';
+-- Channels the collector may remove, longest idle (and unpaused) first.
+CREATE INDEX channel_idle_ix ON fairq.channel ((GREATEST(idle_since, paused_until)))
     WHERE idle_since IS NOT NULL AND NOT has_policy;
 
 -- When idle channels were last collected: dequeues take turns at it, at most one at
@@ -72,12 +100,13 @@ CREATE TABLE fairq.channel_wake (
     channel_id bigint      NOT NULL,
     due_at     timestamptz NOT NULL,
     woken_at   timestamptz NOT NULL,
-    turn_seq   bigint      NOT NULL
+    turn_seq   bigint      NOT NULL,
+    queue_id   integer     NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
         autovacuum_vacuum_cost_delay = 0);
 CREATE INDEX channel_wake_channel_ix ON fairq.channel_wake (channel_id);
 -- Wakes by the turn they give (rate limits aside): dequeues apply the earliest first.
-CREATE INDEX channel_wake_turn_ix ON fairq.channel_wake ((GREATEST(due_at, woken_at)), turn_seq);
+CREATE INDEX channel_wake_turn_ix ON fairq.channel_wake (queue_id, (GREATEST(due_at, woken_at)), turn_seq);
 
 -- Producers of a bounded channel serialise on this row, not on the channel row that
 -- dequeues lock, so an open producer transaction never hides a channel from workers.
@@ -102,7 +131,8 @@ CREATE TABLE fairq.message (
     state             bytea,
     -- num_attempts when the message was last retried from the dead letters (0 if
     -- never): max_attempts counts the deliveries since (fairq.attempts_exhausted).
-    attempts_at_retry bigint               NOT NULL DEFAULT 0
+    attempts_at_retry bigint               NOT NULL DEFAULT 0,
+    queue_id          integer              NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
         autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
 ALTER SEQUENCE fairq.message_id_seq OWNED BY fairq.message.id;
@@ -113,8 +143,8 @@ CREATE INDEX message_ready_ix ON fairq.message (channel_id, priority DESC, deque
 -- A channel's scheduled messages, by the time they become due.
 CREATE INDEX message_scheduled_ix ON fairq.message (channel_id, dequeue_at, id)
     WHERE status = 'scheduled';
--- Locks that may have expired, oldest expiry first.
-CREATE INDEX message_locked_ix ON fairq.message (locked_until)
+-- A queue's locks that may have expired, oldest expiry first.
+CREATE INDEX message_locked_ix ON fairq.message (queue_id, locked_until)
     WHERE status = 'locked';
 -- A channel's locked messages: is an uncapped channel empty, how many are in flight.
 CREATE INDEX message_locked_channel_ix ON fairq.message (channel_id)
@@ -131,13 +161,16 @@ CREATE TABLE fairq.dead_letter (
     num_attempts bigint      NOT NULL,
     error        text,
     created_at   timestamptz NOT NULL,
-    died_at      timestamptz NOT NULL
+    died_at      timestamptz NOT NULL,
+    queue        text        NOT NULL
 );
 CREATE INDEX dead_letter_died_at_ix ON fairq.dead_letter (died_at);
+CREATE INDEX dead_letter_queue_died_at_ix ON fairq.dead_letter (queue, died_at);
 
 -- Filled only while the setting fairq.history is on.
 CREATE TABLE fairq.message_history (
     id                bigint      NOT NULL,
+    queue             text        NOT NULL,
     channel           text        NOT NULL,
     priority          integer     NOT NULL,
     created_at        timestamptz NOT NULL,
@@ -154,12 +187,14 @@ CREATE INDEX message_history_id_ix ON fairq.message_history (id);
 DO $config_dump$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'fairq') THEN
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.queue', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_size', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_wake', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.message', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.dead_letter', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.message_history', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.queue_id_seq', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_id_seq', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.message_id_seq', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.turn_seq', '');
@@ -169,6 +204,8 @@ $config_dump$;
 
 COMMENT ON TYPE fairq.message_status IS
     'Where a message is: scheduled (not yet due), ready (due, ordered by priority), locked (handed out, in flight).';
+COMMENT ON TABLE fairq.queue IS
+    'One row per named queue (created on first use): its id and, while it is paused, until when.';
 COMMENT ON TABLE fairq.channel IS
     'One row per channel (tenant): its policy, in-flight count and round-robin turn. Rows without a policy disappear when the channel is empty.';
 COMMENT ON TABLE fairq.channel_wake IS

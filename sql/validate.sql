@@ -130,3 +130,33 @@ BEGIN
     RETURN cardinality(p_value);
 END
 $$;
+
+CREATE FUNCTION fairq.require_weight(p_value integer, p_name text) RETURNS integer
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', p_name USING ERRCODE = '22004';
+    END IF;
+    IF p_value NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION '% must be between 1 and 1000, got %', p_name, p_value USING ERRCODE = '22023';
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+-- The end of a pause: later than now ('infinity': until resumed).
+CREATE FUNCTION fairq.require_future(p_value timestamptz, p_now timestamptz, p_name text) RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', p_name USING ERRCODE = '22004';
+    END IF;
+    IF p_value <= p_now THEN
+        RAISE EXCEPTION '% must be in the future, got % (now is %)', p_name, p_value, p_now
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN p_value;
+END
+$$;

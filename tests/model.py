@@ -34,6 +34,11 @@ V0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
 T = tuple[int, int]  # (whole units after V0, call number whose real elapsed time is added)
 
+# turn_at of a channel in its queue's rotation ('-infinity'), and 'infinity' (a pause
+# until resumed): below and above every time the model meets.
+IN_ROTATION: T = (-10**18, 0)
+FOREVER: T = (10**18, 0)
+
 
 def at(k: int) -> datetime:
     """The exact timestamp of pair (k, 0)."""
@@ -43,6 +48,20 @@ def at(k: int) -> datetime:
 def coarse(t: T | None) -> tuple[int, bool] | None:
     """What can be compared with a real timestamp: the unit and whether eps > 0."""
     return None if t is None else (t[0], t[1] > 0)
+
+
+def label(t: T | None) -> str | None:
+    """How the test reads '-infinity' and 'infinity' (which psycopg cannot load)."""
+    return {IN_ROTATION: "rotation", FOREVER: "never"}.get(t) if t is not None else None
+
+
+def finite(t: T | None) -> tuple[int, bool] | None:
+    return None if t in (IN_ROTATION, FOREVER) else coarse(t)
+
+
+def stride(weight: int) -> int:
+    """fairq.turn_stride: how far one turn moves a channel of this weight on."""
+    return 1_000_000 // weight
 
 
 def coarse_db(ts: datetime | None) -> tuple[int, bool] | None:
@@ -72,6 +91,7 @@ def greatest(*ts: T | None) -> T | None:
 class Channel:
     id: int
     name: str
+    queue: str = "default"
     has_policy: bool = False
     max_concurrency: int | None = None
     release_interval: int = 0  # units
@@ -82,6 +102,10 @@ class Channel:
     due_at: T | None = None
     turn_at: T | None = None
     turn_seq: int | None = None
+    weight: int = 1
+    paused_until: T | None = None
+    turn_pass: int | None = None
+    turn_given_at: T | None = None  # in the rotation: when its place was given
 
 
 @dataclass
@@ -121,6 +145,8 @@ class Dead:
     state: bytes | None
     num_attempts: int
     error: str | None
+    queue: str
+    died_at: T
 
 
 # A delivery as message_dequeue returns it (dequeue_at coarsened, see coarse()).
@@ -133,7 +159,8 @@ class Model:
     sizes: dict[int, int] = field(default_factory=dict)  # channel_size rows
     messages: dict[int, Message] = field(default_factory=dict)
     dead: dict[int, Dead] = field(default_factory=dict)
-    history: list[tuple[int, str, str, int]] = field(default_factory=list)
+    history: list[tuple[int, str, str, str, int]] = field(default_factory=list)
+    queue_paused_until: dict[str, T | None] = field(default_factory=dict)  # queues named so far
     last_channel_id: int = 0
     last_message_id: int = 0
     last_turn_seq: int = 0
@@ -143,11 +170,21 @@ class Model:
 
     # -- channels.sql -------------------------------------------------------------------
 
-    def by_name(self, name: str) -> Channel | None:
+    def by_name(self, name: str, queue: str = "default") -> Channel | None:
         for ch in self.channels.values():
-            if ch.name == name:
+            if ch.name == name and ch.queue == queue:
                 return ch
         return None
+
+    def name_queue(self, queue: str) -> None:
+        """A queue exists from the first call that names it (queues.sql)."""
+        self.queue_paused_until.setdefault(queue, None)
+
+    def next_seq(self) -> int:
+        self.last_turn_seq += 1
+        return self.last_turn_seq
+
+    # -- turns.sql ----------------------------------------------------------------------
 
     @staticmethod
     def next_turn(turn_at: T | None, ch: Channel, now: T) -> T | None:
@@ -155,16 +192,50 @@ class Model:
             return None
         if ch.max_concurrency is not None and ch.in_flight >= ch.max_concurrency:
             return None
-        return least(turn_at, greatest(ch.due_at, now, plus(ch.last_release_at, ch.release_interval)))
+        return least(turn_at, greatest(ch.due_at, now, ch.paused_until,
+                                       plus(ch.last_release_at, ch.release_interval)))
 
     def channel_store(self, ch: Channel, now: T, keep_turn: bool) -> None:
         turn = self.next_turn(ch.turn_at if keep_turn else None, ch, now)
         if turn is None:
             ch.turn_seq = None
         elif not keep_turn or turn != ch.turn_at:
-            self.last_turn_seq += 1
-            ch.turn_seq = self.last_turn_seq
+            ch.turn_seq = self.next_seq()
+        if turn is None or turn != ch.turn_at or not keep_turn:
+            ch.turn_pass = None  # a new turn is a time: the channel waits to join
+            ch.turn_given_at = None
         ch.turn_at = turn
+
+    @staticmethod
+    def turn_key(ch: Channel) -> tuple[T, int, int]:
+        assert ch.turn_at is not None and ch.turn_seq is not None
+        return (ch.turn_at, ch.turn_pass or 0, ch.turn_seq)
+
+    def join_rotation(self, queue: str, now: T, limit: int) -> None:
+        """The ``limit`` channels whose wait ended earliest join the rotation, each just
+        ahead of the first channel given its place after its wait ended, or else at
+        the back (one past the highest pass)."""
+        joining = sorted((c for c in self.channels.values()
+                          if c.queue == queue and c.turn_at is not None
+                          and IN_ROTATION < c.turn_at <= now), key=self.turn_key)[:limit]
+        if not joining:
+            return
+        rotation = [c for c in self.channels.values()
+                    if c.queue == queue and c.turn_at == IN_ROTATION]
+        back = max((r.turn_pass or 0) for r in rotation) if rotation else 0
+        for ch in joining:
+            assert ch.turn_at is not None
+            later = [r for r in rotation if r.turn_given_at is not None
+                     and r.turn_given_at > ch.turn_at]
+            after = min(later, key=lambda r: (r.turn_given_at, r.turn_pass), default=None)
+            if after is not None and after.turn_pass is not None:
+                ch.turn_pass = after.turn_pass - 1
+            else:
+                back += 1
+                ch.turn_pass = back
+            ch.turn_given_at = ch.turn_at
+            ch.turn_at = IN_ROTATION
+            ch.turn_seq = self.next_seq()
 
     def pending_due_at(self, ch: Channel) -> T | None:
         ready = [m for m in self.messages.values() if m.channel_id == ch.id and m.status == "ready"]
@@ -184,11 +255,12 @@ class Model:
         """Only a capped channel counts in_flight."""
         return 0 if ch.max_concurrency is None else count
 
-    def channel_for_producer(self, name: str) -> Channel:
-        ch = self.by_name(name)
+    def channel_for_producer(self, name: str, queue: str = "default") -> Channel:
+        self.name_queue(queue)
+        ch = self.by_name(name, queue)
         if ch is None:
             self.last_channel_id += 1
-            ch = Channel(self.last_channel_id, name)
+            ch = Channel(self.last_channel_id, name, queue)
             self.channels[ch.id] = ch
         return ch
 
@@ -211,9 +283,11 @@ class Model:
         return admitted
 
     def channel_set(self, name: str, max_concurrency: int | None, release_interval: int,
-                    max_size: int | None, max_attempts: int | None, now: T) -> None:
-        ch = self.channel_for_producer(name)
+                    max_size: int | None, max_attempts: int | None, now: T,
+                    weight: int = 1, queue: str = "default") -> None:
+        ch = self.channel_for_producer(name, queue)
         ch.has_policy = True
+        ch.weight = weight
         ch.max_concurrency = max_concurrency
         ch.release_interval = release_interval
         ch.max_size = max_size
@@ -225,12 +299,14 @@ class Model:
             self.sizes[ch.id] = sum(1 for m in self.messages.values() if m.channel_id == ch.id)
         self.channel_store(ch, now, False)  # new limits apply from now
 
-    def channel_clear(self, name: str, now: T) -> bool:
-        ch = self.by_name(name)
-        if ch is None or not ch.has_policy:
+    def channel_clear(self, name: str, now: T, queue: str = "default") -> bool:
+        ch = self.by_name(name, queue)
+        if ch is None or not (ch.has_policy or (ch.paused_until is not None and ch.paused_until > now)):
             return False
         self.sizes.pop(ch.id, None)
         ch.has_policy = False
+        ch.weight = 1
+        ch.paused_until = None
         ch.max_concurrency = None
         ch.release_interval = 0
         ch.max_size = None
@@ -239,17 +315,44 @@ class Model:
         self.channel_store(ch, now, False)
         return True
 
+    def channel_pause(self, name: str, until: T, now: T, queue: str = "default") -> None:
+        ch = self.channel_for_producer(name, queue)
+        ch.paused_until = until
+        self.channel_store(ch, now, False)
+
+    def channel_resume(self, name: str, now: T, queue: str = "default") -> bool:
+        ch = self.by_name(name, queue)
+        if ch is None or ch.paused_until is None or not ch.paused_until > now:
+            return False
+        ch.paused_until = None
+        self.channel_store(ch, now, False)
+        return True
+
+    # -- queues.sql ---------------------------------------------------------------------
+
+    def queue_pause(self, queue: str, until: T) -> None:
+        self.name_queue(queue)
+        self.queue_paused_until[queue] = until
+
+    def queue_resume(self, queue: str, now: T) -> bool:
+        until = self.queue_paused_until.get(queue)
+        if until is None:
+            return False
+        self.queue_paused_until[queue] = None
+        return until > now
+
     # -- events.sql ---------------------------------------------------------------------
 
-    def bury(self, m: Message, ch: Channel, error: str | None) -> None:
-        self.dead[m.id] = Dead(m.id, ch.name, m.priority, m.content, m.state, m.num_attempts, error)
-        self.history.append((m.id, ch.name, "dead", m.num_attempts))
+    def bury(self, m: Message, ch: Channel, error: str | None, now: T) -> None:
+        self.dead[m.id] = Dead(m.id, ch.name, m.priority, m.content, m.state, m.num_attempts, error,
+                               ch.queue, now)
+        self.history.append((m.id, ch.queue, ch.name, "dead", m.num_attempts))
         self.channel_resize(ch, -1, False)
 
     # -- create.sql ---------------------------------------------------------------------
 
     def create_batch(self, items: list[tuple[str, bytes, T | None, int | None, str | None]],
-                     now: T) -> list[tuple[int, int | None, str]]:
+                     now: T, queue: str = "default") -> list[tuple[int, int | None, str]]:
         """items: (channel, content, dequeue_at or None, priority or None, dedup_key).
 
         Channels are created in name order; each element, in input order, behaves like
@@ -257,7 +360,7 @@ class Model:
         channel that got a message is woken (in id order) by its earliest created
         message, where that brings its turn forward. (The SQL queues the wake and the
         next dequeue applies it as of now: the model applies it at once.)"""
-        taken = {channel: self.channel_for_producer(channel)
+        taken = {channel: self.channel_for_producer(channel, queue)
                  for channel in sorted({item[0] for item in items})}
         out: list[tuple[int, int | None, str]] = []
         for i, (channel, content, due, priority, dedup) in enumerate(items, 1):
@@ -292,11 +395,12 @@ class Model:
 
     # -- dequeue.sql --------------------------------------------------------------------
 
-    def recover_orders(self, now: T, limit: int) -> list[list[int]]:
-        """Every order in which recover_expired may settle expired locks: oldest
-        expiry first, ties in any order, at most ``limit`` of them."""
+    def recover_orders(self, now: T, limit: int, queue: str = "default") -> list[list[int]]:
+        """Every order in which recover_expired may settle the queue's expired locks:
+        oldest expiry first, ties in any order, at most ``limit`` of them."""
         expired = sorted((m for m in self.messages.values()
-                          if m.status == "locked" and m.locked_until is not None
+                          if self.channels[m.channel_id].queue == queue
+                          and m.status == "locked" and m.locked_until is not None
                           and m.locked_until <= now), key=lambda m: m.locked_until)  # type: ignore[arg-type, return-value]
         groups = [list(g) for _, g in itertools.groupby(expired, key=lambda m: m.locked_until)]
         parts: list[list[tuple[int, ...]]] = []
@@ -317,7 +421,7 @@ class Model:
             why = m.exhausted(ch.max_attempts, lock_expired=True)
             if why is not None:
                 del self.messages[mid]
-                self.bury(m, ch, why)
+                self.bury(m, ch, why, now)
                 self.channel_unlock(ch, 1, None, now)
             else:
                 m.status = "ready"
@@ -346,21 +450,41 @@ class Model:
                 taken = m
                 break
             del self.messages[m.id]
-            self.bury(m, ch, why)
+            self.bury(m, ch, why, now)
         ch.due_at = self.pending_due_at(ch)
-        self.channel_store(ch, now, False)
+        if taken is None or ch.due_at is None or ch.due_at > now:
+            self.channel_store(ch, now, False)  # retired, or drained: it waits to join again
+            return taken
+        # Served and still servable: in the rotation it moves on by its stride, as long
+        # as it may be served again at once; else it waits.
+        turn = self.next_turn(None, ch, now)
+        ch.turn_seq = None if turn is None else self.next_seq()
+        if ch.turn_at == IN_ROTATION and turn is not None and turn <= now:
+            assert ch.turn_pass is not None
+            ch.turn_pass += stride(ch.weight)
+            ch.turn_given_at = now
+        else:
+            ch.turn_at = turn
+            ch.turn_pass = None
+            ch.turn_given_at = None
         return taken
 
-    def dequeue_with(self, order: list[int], lock: int, n: int, now: T) -> list[Delivery]:
+    def dequeue_with(self, order: list[int], lock: int, n: int, now: T,
+                     queue: str = "default") -> list[Delivery]:
         self.recover(order, now)
         out: list[Delivery] = []
+        paused = self.queue_paused_until.get(queue)
+        if paused is not None and paused > now:
+            return out
+        self.join_rotation(queue, now, n)
         visited: set[int] = set()
         while len(out) < n:
             eligible = [c for c in self.channels.values()
-                        if c.turn_at is not None and c.turn_at <= now and c.id not in visited]
+                        if c.queue == queue and c.turn_at is not None and c.turn_at <= now
+                        and c.id not in visited]
             if not eligible:
                 break
-            ch = min(eligible, key=lambda c: (c.turn_at, c.turn_seq))
+            ch = min(eligible, key=self.turn_key)
             m = self.channel_take(ch, now, lock)
             if m is None:
                 visited.add(ch.id)
@@ -369,12 +493,13 @@ class Model:
                         coarse(m.dequeue_at), m.recovered))
         return out
 
-    def dequeue(self, lock: int, n: int, now: T) -> list[tuple[list[Delivery], Model]]:
+    def dequeue(self, lock: int, n: int, now: T,
+                queue: str = "default") -> list[tuple[list[Delivery], Model]]:
         """Every possible (result, model after the call)."""
         outcomes = []
-        for order in self.recover_orders(now, n):
+        for order in self.recover_orders(now, n, queue):
             branch = self.copy()
-            outcomes.append((branch.dequeue_with(order, lock, n, now), branch))
+            outcomes.append((branch.dequeue_with(order, lock, n, now, queue), branch))
         return outcomes
 
     # -- settle.sql ---------------------------------------------------------------------
@@ -413,7 +538,7 @@ class Model:
             ch = self.channels[cid]
             group = [m for m in done if m.channel_id == cid]
             for m in group:
-                self.history.append((m.id, ch.name, "completed", m.num_attempts))
+                self.history.append((m.id, ch.queue, ch.name, "completed", m.num_attempts))
             self.channel_resize(ch, -len(group), False)
             self.channel_unlock(ch, len(group), None, now)
         return out
@@ -460,7 +585,7 @@ class Model:
             return self._miss(mid, "stale")
         del self.messages[mid]
         ch = self.channels[m.channel_id]
-        self.bury(m, ch, error)
+        self.bury(m, ch, error, now)
         self.channel_unlock(ch, 1, None, now)
         return "dead"
 
@@ -476,7 +601,7 @@ class Model:
             return self._miss(mid, "locked")
         del self.messages[mid]
         ch = self.channels[m.channel_id]
-        self.history.append((m.id, ch.name, "cancelled", m.num_attempts))
+        self.history.append((m.id, ch.queue, ch.name, "cancelled", m.num_attempts))
         self.channel_resize(ch, -1, False)
         self.settle_if_nothing_pending(ch, now)
         return "cancelled"
@@ -485,7 +610,7 @@ class Model:
         d = self.dead.pop(mid, None)
         if d is None:
             return "not_found"
-        ch = self.channel_for_producer(d.channel)
+        ch = self.channel_for_producer(d.channel, d.queue)
         self.channel_wake(ch, now, now)
         self.channel_resize(ch, 1, False)
         # A fresh max_attempts budget; num_attempts, the fencing token, goes on counting.
@@ -496,25 +621,47 @@ class Model:
 
     # -- what the database shows ---------------------------------------------------------
 
+    def dead_letter_delete(self, mid: int) -> str:
+        return "deleted" if self.dead.pop(mid, None) is not None else "not_found"
+
+    def dead_letter_purge(self, before: T, queue: str | None) -> int:
+        gone = [d.id for d in self.dead.values()
+                if d.died_at < before and (queue is None or d.queue == queue)]
+        for mid in gone:
+            del self.dead[mid]
+        return len(gone)
+
+    # -- what the database shows ---------------------------------------------------------
+
     def snapshot(self) -> dict[str, Any]:
         """The observable state, in the same shape as the test's db_snapshot()."""
-        name = {c.id: c.name for c in self.channels.values()}
+        name = {c.id: (c.queue, c.name) for c in self.channels.values()}
+        in_rotation = [c for c in self.channels.values() if c.turn_at == IN_ROTATION]
         return {
             "messages": sorted(
-                (m.id, name.get(m.channel_id), m.status, m.priority, m.num_attempts, m.recovered,
+                (m.id, *name[m.channel_id], m.status, m.priority, m.num_attempts, m.recovered,
                  m.state, m.dedup_key, coarse(m.dequeue_at), coarse(m.locked_until),
                  m.attempts_at_retry)
                 for m in self.messages.values()),
             "channels": sorted(
-                (c.name, c.has_policy, c.max_concurrency, c.release_interval * UNIT_MS,
-                 c.max_size, c.max_attempts, c.in_flight, coarse(c.last_release_at),
-                 coarse(c.due_at), coarse(c.turn_at))
+                (c.queue, c.name, c.has_policy, c.max_concurrency, c.release_interval * UNIT_MS,
+                 c.max_size, c.max_attempts, c.weight, c.in_flight, coarse(c.last_release_at),
+                 coarse(c.due_at), label(c.turn_at), finite(c.turn_at),
+                 label(c.paused_until), finite(c.paused_until))
                 for c in self.channels.values()),
-            "turn_order": [c.name for c in sorted(
+            # Passes are relative: compared as offsets from each queue's head.
+            "passes": sorted(
+                (c.queue, c.name, (c.turn_pass or 0) - min((r.turn_pass or 0) for r in in_rotation
+                                                          if r.queue == c.queue),
+                 coarse(c.turn_given_at))
+                for c in in_rotation),
+            "turn_order": [(c.queue, c.name) for c in sorted(
                 (c for c in self.channels.values() if c.turn_at is not None),
-                key=lambda c: (c.turn_at, c.turn_seq))],
-            "sizes": sorted((name[cid], size) for cid, size in self.sizes.items()),
-            "dead": sorted((d.id, d.channel, d.num_attempts, d.state, d.error)
+                key=lambda c: (c.queue, *self.turn_key(c)))],
+            "sizes": sorted((*name[cid], size) for cid, size in self.sizes.items()),
+            "dead": sorted((d.id, d.queue, d.channel, d.num_attempts, d.state, d.error)
                            for d in self.dead.values()),
             "history": sorted(self.history),
+            "queues": sorted((q, label(until), finite(until))
+                             for q, until in self.queue_paused_until.items()),
         }

@@ -47,17 +47,17 @@ def create_many(conn: Conn, channels: list[str], **kw: Any) -> list[tuple[int, i
     ).fetchall()
 
 
-def dequeue(conn: Conn, lock_ms: int = 30_000, n: int = 1) -> list[Delivery]:
+def dequeue(conn: Conn, lock_ms: int = 30_000, n: int = 1, queue: str = "default") -> list[Delivery]:
     rows = conn.execute(
         "SELECT id, channel, content, state, num_attempts, priority, dequeue_at, recovered"
-        " FROM fairq.message_dequeue(%s, %s)",
-        (lock_ms, n),
+        " FROM fairq.message_dequeue(%s, %s, %s)",
+        (lock_ms, n, queue),
     ).fetchall()
     return [Delivery(*row) for row in rows]
 
 
-def dequeue_one(conn: Conn, lock_ms: int = 30_000) -> Delivery | None:
-    got = dequeue(conn, lock_ms)
+def dequeue_one(conn: Conn, lock_ms: int = 30_000, queue: str = "default") -> Delivery | None:
+    got = dequeue(conn, lock_ms, queue=queue)
     return got[0] if got else None
 
 
@@ -86,11 +86,11 @@ def problems(conn: Conn) -> list[tuple[str | None, str]]:
     return conn.execute("SELECT channel, problem FROM fairq.check()").fetchall()
 
 
-def drain(conn: Conn, limit: int = 100_000) -> list[Delivery]:
+def drain(conn: Conn, limit: int = 100_000, queue: str = "default") -> list[Delivery]:
     """Dequeues and completes everything available now, one at a time, in order."""
     out: list[Delivery] = []
     while len(out) < limit:
-        d = dequeue_one(conn)
+        d = dequeue_one(conn, queue=queue)
         if d is None:
             break
         assert complete(conn, d) == "completed"

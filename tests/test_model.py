@@ -2,14 +2,16 @@
 
 A hypothesis state machine applies the same random operations - create,
 create_batch, dequeue of n, complete, complete_batch, defer (with and without state
-and a future time), heartbeat, fail, cancel, channel_set, channel_clear,
-dead_letter_retry and clock steps - to the real extension and to the model, and
-after every step compares:
+and a future time), heartbeat, fail, cancel, channel_set (with weights),
+channel_clear, channel_pause/resume, queue_pause/resume, dead_letter_retry, delete
+and purge, and clock steps, over two queues - to the real extension and to the
+model, and after every step compares:
 
 * every result (ids, channels, delivery order, statuses, num_attempts, recovered
   flags, contents, states, priorities, dequeue times);
-* the whole observable state (messages, channels and their counters, due times and
-  turns, the round-robin order, channel_size rows, dead letters, history rows);
+* the whole observable state (messages, channels and their counters, due times,
+  turns, pauses, weights and passes, each queue's round-robin order, channel_size
+  rows, dead letters, history rows, queue pauses);
 * that fairq.check() reports nothing;
 * SPEC §2 rules 2-5 directly on the database's answers (concurrency cap, rate limit,
   no early delivery, never above max_attempts), independently of the model.
@@ -44,9 +46,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from model import UNIT_MS, V0, Model, T, at, coarse_db
+from model import FOREVER, UNIT_MS, V0, Model, T, at, coarse_db
 
 CHANNELS = st.sampled_from(["a", "b", "c"])
+QUEUES = st.sampled_from(["default", "default", "default", "q2"])
+WEIGHTS = st.sampled_from([1, 1, 2, 3])
+PAUSES = st.sampled_from([None, 1, 2])  # until now + units, None: until resumed
 PRIORITIES = st.integers(-1, 2)
 DELAYS = st.sampled_from([None, None, -1, 0, 1, 2])  # dequeue_at = now + delay units
 DEDUP_KEYS = st.sampled_from([None, None, None, "k1", "k2"])
@@ -55,28 +60,44 @@ OPTIONAL_LIMIT = st.sampled_from([None, None, 1, 2, 3])
 
 RESET = """
 TRUNCATE fairq.message, fairq.channel, fairq.channel_size, fairq.channel_wake, fairq.dead_letter,
-         fairq.message_history;
+         fairq.message_history, fairq.queue;
 SELECT setval('fairq.message_id_seq', 1, false), setval('fairq.channel_id_seq', 1, false),
-       setval('fairq.turn_seq', 1, false);
+       setval('fairq.turn_seq', 1, false), setval('fairq.queue_id_seq', 1, false);
 SELECT fairq.clock_travel(0);
 -- The model keeps idle channels: so must the database (no collection in a test).
 SET fairq.idle_channel_ttl = '1000 years';
 """
 
 DB_SNAPSHOT = {
-    "messages": "SELECT m.id, c.name, m.status::text, m.priority, m.num_attempts, m.recovered,"
-                " m.state, m.dedup_key, m.dequeue_at, m.locked_until, m.attempts_at_retry"
-                " FROM fairq.message m LEFT JOIN fairq.channel c ON c.id = m.channel_id",
-    "channels": "SELECT name, has_policy, max_concurrency, release_interval_ms, max_size,"
-                " max_attempts, in_flight, last_release_at, due_at, turn_at FROM fairq.channel",
-    "turn_order": "SELECT name FROM fairq.channel WHERE turn_at IS NOT NULL"
-                  " ORDER BY turn_at, turn_seq",
-    "sizes": "SELECT c.name, s.size FROM fairq.channel_size s"
-             " LEFT JOIN fairq.channel c ON c.id = s.channel_id",
-    "dead": "SELECT id, channel, num_attempts, state, error FROM fairq.dead_letter",
-    "history": "SELECT id, channel, outcome, num_attempts FROM fairq.message_history",
+    "messages": "SELECT m.id, q.name, c.name, m.status::text, m.priority, m.num_attempts,"
+                " m.recovered, m.state, m.dedup_key, m.dequeue_at, m.locked_until,"
+                " m.attempts_at_retry FROM fairq.message m"
+                " LEFT JOIN fairq.channel c ON c.id = m.channel_id"
+                " LEFT JOIN fairq.queue q ON q.id = m.queue_id",
+    "channels": "SELECT q.name, c.name, has_policy, max_concurrency, release_interval_ms, max_size,"
+                " max_attempts, weight, in_flight, last_release_at, due_at,"
+                " CASE c.turn_at WHEN '-infinity' THEN 'rotation' WHEN 'infinity' THEN 'never' END,"
+                " CASE WHEN isfinite(c.turn_at) THEN c.turn_at END,"
+                " CASE WHEN c.paused_until = 'infinity' THEN 'never' END,"
+                " CASE WHEN isfinite(c.paused_until) THEN c.paused_until END"
+                " FROM fairq.channel c JOIN fairq.queue q ON q.id = c.queue_id",
+    "passes": "SELECT q.name, c.name, c.turn_pass - min(c.turn_pass) OVER (PARTITION BY q.name),"
+              " c.turn_given_at"
+              " FROM fairq.channel c JOIN fairq.queue q ON q.id = c.queue_id"
+              " WHERE c.turn_at = '-infinity'",
+    "turn_order": "SELECT q.name, c.name FROM fairq.channel c JOIN fairq.queue q ON q.id = c.queue_id"
+                  " WHERE turn_at IS NOT NULL ORDER BY q.name, turn_at, turn_pass, turn_seq",
+    "sizes": "SELECT q.name, c.name, s.size FROM fairq.channel_size s"
+             " LEFT JOIN fairq.channel c ON c.id = s.channel_id"
+             " LEFT JOIN fairq.queue q ON q.id = c.queue_id",
+    "dead": "SELECT id, queue, channel, num_attempts, state, error FROM fairq.dead_letter",
+    "history": "SELECT id, queue, channel, outcome, num_attempts FROM fairq.message_history",
+    "queues": "SELECT name, CASE WHEN paused_until = 'infinity' THEN 'never' END,"
+              " CASE WHEN isfinite(paused_until) THEN paused_until END"
+              " FROM fairq.queue",
 }
-TIMESTAMP_COLUMNS = {"messages": (8, 9), "channels": (7, 8, 9)}
+TIMESTAMP_COLUMNS = {"messages": (9, 10), "channels": (9, 10, 12, 14), "passes": (3,),
+                     "queues": (2,)}
 
 
 def db_snapshot(conn: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -94,7 +115,7 @@ def db_snapshot(conn: psycopg.Connection[Any]) -> dict[str, Any]:
                 r[i] = coarse_db(r[i])
             r[:] = [bytes(x) if isinstance(x, memoryview) else x for x in r]
         if key == "turn_order":
-            snap[key] = [r[0] for r in rows]
+            snap[key] = [tuple(r) for r in rows]
         else:
             snap[key] = sorted(tuple(r) for r in rows)
     return snap
@@ -127,7 +148,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.calls = 0
         self.model = Model()
         self.serial = 0
-        self.last_release: dict[str, T] = {}
+        self.last_release: dict[tuple[str, str], T] = {}
         self.log: list[str] = []
         self.travel()
 
@@ -171,36 +192,40 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- producers -----------------------------------------------------------------------
 
-    @rule(target=ids, channel=CHANNELS, priority=PRIORITIES, delay=DELAYS, dedup=DEDUP_KEYS)
-    def create(self, channel: str, priority: int, delay: int | None, dedup: str | None) -> Any:
+    @rule(target=ids, channel=CHANNELS, priority=PRIORITIES, delay=DELAYS, dedup=DEDUP_KEYS,
+          queue=QUEUES)
+    def create(self, channel: str, priority: int, delay: int | None, dedup: str | None,
+               queue: str) -> Any:
         content = self.content()
         due = None if delay is None else (self.v + delay, 0)
         now = self.now()
         m = self.model
         expected = [(i, s) for _, i, s in m.create_batch([(channel, content, due, priority, dedup)],
-                                                         now)]
-        actual = self.sql("SELECT id, status FROM fairq.message_create(%s, %s, %s, %s, %s)",
-                          channel, content, None if due is None else at(due[0]), priority, dedup)
-        self.agree1(f"create({channel!r}, p={priority}, delay={delay}, dedup={dedup})",
-                    m, expected, actual)
+                                                         now, queue)]
+        actual = self.sql("SELECT id, status FROM fairq.message_create(%s, %s, %s, %s, %s, %s)",
+                          channel, content, None if due is None else at(due[0]), priority, dedup,
+                          queue)
+        self.agree1(f"create({channel!r}, p={priority}, delay={delay}, dedup={dedup},"
+                    f" queue={queue!r})", m, expected, actual)
         return multiple(*(i for i, _ in actual if i is not None))
 
     @rule(target=ids, items=st.lists(st.tuples(CHANNELS, PRIORITIES, DELAYS, DEDUP_KEYS),
-                                     min_size=1, max_size=4))
-    def create_batch(self, items: list[tuple[str, int, int | None, str | None]]) -> Any:
+                                     min_size=1, max_size=4), queue=QUEUES)
+    def create_batch(self, items: list[tuple[str, int, int | None, str | None]],
+                     queue: str) -> Any:
         rows: list[tuple[str, bytes, T | None, int | None, str | None]] = [
             (ch, self.content(), None if d is None else (self.v + d, 0), p, k)
                 for ch, p, d, k in items]
         now = self.now()
         m = self.model
-        expected = m.create_batch(rows, now)
+        expected = m.create_batch(rows, now, queue)
         actual = self.sql(
             "SELECT ord, id, status FROM fairq.message_create_batch(%s, %s, %s::timestamptz[],"
-            " %s::int[], %s::text[])",
+            " %s::int[], %s::text[], %s)",
             [r[0] for r in rows], [r[1] for r in rows],
             [None if r[2] is None else at(r[2][0]) for r in rows],
-            [r[3] for r in rows], [r[4] for r in rows])
-        self.agree1(f"create_batch({items})", m, expected, actual)
+            [r[3] for r in rows], [r[4] for r in rows], queue)
+        self.agree1(f"create_batch({items}, queue={queue!r})", m, expected, actual)
         return multiple(*(i for _, i, _ in actual if i is not None))
 
     @rule(mid=ids)
@@ -213,24 +238,25 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- workers -------------------------------------------------------------------------
 
-    @rule(target=deliveries, lock=st.integers(1, 3), n=st.integers(1, 3))
-    def dequeue(self, lock: int, n: int) -> Any:
+    @rule(target=deliveries, lock=st.integers(1, 3), n=st.integers(1, 3), queue=QUEUES)
+    def dequeue(self, lock: int, n: int, queue: str) -> Any:
         now = self.now()
         before = self.model
-        candidates = before.dequeue(lock, n, now)
+        candidates = before.dequeue(lock, n, now, queue)
         rows = self.sql("SELECT id, channel, content, state, num_attempts, priority, dequeue_at,"
-                        " recovered FROM fairq.message_dequeue(%s, %s)", lock * UNIT_MS, n)
+                        " recovered FROM fairq.message_dequeue(%s, %s, %s)", lock * UNIT_MS, n, queue)
         actual = [(*r[:6], coarse_db(r[6]), r[7]) for r in rows]
 
         # SPEC §2 rules 2-5, on the database's answers alone.
         locked = dict(self.sql("SELECT c.name, count(*) FROM fairq.message m"
                                " JOIN fairq.channel c ON c.id = m.channel_id"
-                               " WHERE m.status = 'locked' GROUP BY c.name"))
+                               " JOIN fairq.queue q ON q.id = c.queue_id"
+                               " WHERE m.status = 'locked' AND q.name = %s GROUP BY c.name", queue))
         # max_attempts counts the deliveries since the last dead-letter retry.
         retried = dict(self.sql("SELECT id, attempts_at_retry FROM fairq.message"
                                 " WHERE id = ANY (%s)", [r[0] for r in actual]))
         for (mid, channel, _, _, attempts, _, due, _) in actual:
-            policy = before.by_name(channel)
+            policy = before.by_name(channel, queue)
             assert policy is not None, f"delivery from unknown channel {channel}"
             assert due is not None and due[0] <= self.v, f"{channel}: delivered before dequeue_at"
             since_retry = attempts - retried[mid]
@@ -238,14 +264,16 @@ class QueueMachine(RuleBasedStateMachine):
                 f"{channel}: delivered {since_retry} times since its last retry > {policy.max_attempts}"
             assert policy.max_concurrency is None or locked[channel] <= policy.max_concurrency, \
                 f"{channel}: {locked[channel]} in flight > max_concurrency {policy.max_concurrency}"
-            last = self.last_release.get(channel)
+            last = self.last_release.get((queue, channel))
             if last is not None and policy.release_interval:
                 assert (last[0] + policy.release_interval, last[1]) <= now, (
                     f"{channel}: released at unit {now[0]}, {policy.release_interval} units of"
                     f" release interval after the release at unit {last[0]} have not passed")
-            self.last_release[channel] = now
+            self.last_release[(queue, channel)] = now
+            assert policy.paused_until is None or policy.paused_until <= now, \
+                f"{channel}: delivered while paused until {policy.paused_until}"
 
-        self.agree(f"dequeue(lock={lock}, n={n})", candidates, actual)
+        self.agree(f"dequeue(lock={lock}, n={n}, queue={queue!r})", candidates, actual)
         return multiple(*((r[0], r[4]) for r in actual))
 
     @rule(d=deliveries, fence=FENCE)
@@ -298,26 +326,67 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(channel=CHANNELS, max_concurrency=OPTIONAL_LIMIT,
           release_interval=st.sampled_from([0, 0, 1, 2]),
-          max_size=st.sampled_from([None, None, 1, 2, 4]), max_attempts=OPTIONAL_LIMIT)
+          max_size=st.sampled_from([None, None, 1, 2, 4]), max_attempts=OPTIONAL_LIMIT,
+          weight=WEIGHTS, queue=QUEUES)
     def channel_set(self, channel: str, max_concurrency: int | None, release_interval: int,
-                    max_size: int | None, max_attempts: int | None) -> None:
+                    max_size: int | None, max_attempts: int | None, weight: int,
+                    queue: str) -> None:
         now = self.now()
         m = self.model
-        self.last_release.pop(channel, None)  # the rate limit binds releases under one policy
-        m.channel_set(channel, max_concurrency, release_interval, max_size, max_attempts, now)
-        actual = self.sql("SELECT fairq.channel_set(%s, %s, %s, %s, %s)", channel,
-                          max_concurrency, release_interval * UNIT_MS, max_size, max_attempts)[0][0]
+        self.last_release.pop((queue, channel), None)  # the rate limit binds releases under one policy
+        m.channel_set(channel, max_concurrency, release_interval, max_size, max_attempts, now,
+                      weight, queue)
+        actual = self.sql("SELECT fairq.channel_set(%s, %s, %s, %s, %s, %s, %s)", channel,
+                          max_concurrency, release_interval * UNIT_MS, max_size, max_attempts,
+                          weight, queue)[0][0]
         self.agree1(f"channel_set({channel!r}, mc={max_concurrency}, ri={release_interval},"
-                    f" size={max_size}, attempts={max_attempts})", m, "", actual)  # void
+                    f" size={max_size}, attempts={max_attempts}, weight={weight},"
+                    f" queue={queue!r})", m, "", actual)  # void
 
-    @rule(channel=CHANNELS)
-    def channel_clear(self, channel: str) -> None:
+    @rule(channel=CHANNELS, queue=QUEUES)
+    def channel_clear(self, channel: str, queue: str) -> None:
         now = self.now()
         m = self.model
-        expected = m.channel_clear(channel, now)
-        actual = self.sql("SELECT fairq.channel_clear(%s)", channel)[0][0]
-        self.last_release.pop(channel, None)  # the policy is forgotten
-        self.agree1(f"channel_clear({channel!r})", m, expected, actual)
+        expected = m.channel_clear(channel, now, queue)
+        actual = self.sql("SELECT fairq.channel_clear(%s, %s)", channel, queue)[0][0]
+        self.last_release.pop((queue, channel), None)  # the policy is forgotten
+        self.agree1(f"channel_clear({channel!r}, queue={queue!r})", m, expected, actual)
+
+    @rule(channel=CHANNELS, units=PAUSES, queue=QUEUES)
+    def channel_pause(self, channel: str, units: int | None, queue: str) -> None:
+        until = FOREVER if units is None else (self.v + units, 0)
+        now = self.now()
+        m = self.model
+        m.channel_pause(channel, until, now, queue)
+        actual = self.sql("SELECT fairq.channel_pause(%s, %s, %s)", channel,
+                          "infinity" if units is None else at(until[0]), queue)[0][0]
+        self.agree1(f"channel_pause({channel!r}, {units}, queue={queue!r})", m, "", actual)
+
+    @rule(channel=CHANNELS, queue=QUEUES)
+    def channel_resume(self, channel: str, queue: str) -> None:
+        now = self.now()
+        m = self.model
+        expected = m.channel_resume(channel, now, queue)
+        actual = self.sql("SELECT fairq.channel_resume(%s, %s)", channel, queue)[0][0]
+        self.agree1(f"channel_resume({channel!r}, queue={queue!r})", m, expected, actual)
+
+    @rule(units=PAUSES, queue=QUEUES)
+    def queue_pause(self, units: int | None, queue: str) -> None:
+        until = FOREVER if units is None else (self.v + units, 0)
+        self.now()
+        m = self.model
+        m.queue_pause(queue, until)
+        actual = self.sql("SELECT fairq.queue_pause(%s, %s)", queue,
+                          "infinity" if units is None else at(until[0]))[0][0]
+        self.agree1(f"queue_pause({queue!r}, {units})", m, "", actual)
+
+    @rule(queue=QUEUES)
+    def queue_resume(self, queue: str) -> None:
+        now = self.now()
+        m = self.model
+        expected = m.queue_resume(queue, now)
+        actual = self.sql("SELECT fairq.queue_resume(%s)", queue)[0][0]
+        self.agree1(f"queue_resume({queue!r})", m, expected, actual)
 
     @rule(mid=ids)
     def dead_letter_retry(self, mid: int) -> None:
@@ -326,6 +395,22 @@ class QueueMachine(RuleBasedStateMachine):
         expected = m.dead_letter_retry(mid, now)
         actual = self.sql("SELECT fairq.dead_letter_retry(%s)", mid)[0][0]
         self.agree1(f"dead_letter_retry({mid})", m, expected, actual)
+
+    @rule(mid=ids)
+    def dead_letter_delete(self, mid: int) -> None:
+        self.now()
+        m = self.model
+        expected = m.dead_letter_delete(mid)
+        actual = self.sql("SELECT fairq.dead_letter_delete(%s)", mid)[0][0]
+        self.agree1(f"dead_letter_delete({mid})", m, expected, actual)
+
+    @rule(units=st.integers(-1, 1), queue=st.sampled_from([None, "default", "q2"]))
+    def dead_letter_purge(self, units: int, queue: str | None) -> None:
+        self.now()
+        m = self.model
+        expected = m.dead_letter_purge((self.v + units, 0), queue)
+        actual = self.sql("SELECT fairq.dead_letter_purge(%s, %s)", at(self.v + units), queue)[0][0]
+        self.agree1(f"dead_letter_purge({units}, {queue!r})", m, expected, actual)
 
     @rule(units=st.integers(1, 3))
     def advance(self, units: int) -> None:

@@ -80,19 +80,28 @@ def test_extension_can_be_dropped_and_created_again(conn: Conn) -> None:
 
 # -- The interface is exactly SPEC §2 ---------------------------------------------------
 
-# Transcribed from SPEC §2: (arguments, result). history_prune's result is not specified.
+# Transcribed from SPEC §2 (revision 2): (arguments, result). history_prune's result is
+# not specified.
 SPEC_SIGNATURES: dict[str, tuple[str, str | None]] = {
+    "queue_pause": ("p_queue text, p_until timestamptz DEFAULT 'infinity'", "void"),
+    "queue_resume": ("p_queue text", "boolean"),
     "channel_set": ("p_channel text, p_max_concurrency int DEFAULT NULL, p_release_interval_ms"
                     " bigint DEFAULT 0, p_max_size int DEFAULT NULL, p_max_attempts int DEFAULT"
-                    " NULL", "void"),
-    "channel_clear": ("p_channel text", "boolean"),
+                    " NULL, p_weight int DEFAULT 1, p_queue text DEFAULT 'default'", "void"),
+    "channel_clear": ("p_channel text, p_queue text DEFAULT 'default'", "boolean"),
+    "channel_pause": ("p_channel text, p_until timestamptz DEFAULT 'infinity',"
+                      " p_queue text DEFAULT 'default'", "void"),
+    "channel_resume": ("p_channel text, p_queue text DEFAULT 'default'", "boolean"),
     "message_create": ("p_channel text, p_content bytea, p_dequeue_at timestamptz DEFAULT NULL,"
-                       " p_priority int DEFAULT 0, p_dedup_key text DEFAULT NULL",
+                       " p_priority int DEFAULT 0, p_dedup_key text DEFAULT NULL,"
+                       " p_queue text DEFAULT 'default'",
                        "TABLE(id bigint, status text)"),
     "message_create_batch": ("p_channels text[], p_contents bytea[], p_dequeue_ats timestamptz[]"
                              " DEFAULT NULL, p_priorities int[] DEFAULT NULL, p_dedup_keys text[]"
-                             " DEFAULT NULL", "TABLE(ord int, id bigint, status text)"),
-    "message_dequeue": ("p_lock_ms bigint, p_max_messages int DEFAULT 1",
+                             " DEFAULT NULL, p_queue text DEFAULT 'default'",
+                             "TABLE(ord int, id bigint, status text)"),
+    "message_dequeue": ("p_lock_ms bigint, p_max_messages int DEFAULT 1,"
+                        " p_queue text DEFAULT 'default'",
                         "TABLE(id bigint, channel text, content bytea, state bytea, num_attempts"
                         " bigint, priority int, dequeue_at timestamptz, recovered boolean)"),
     "message_complete": ("p_id bigint, p_num_attempts bigint", "text"),
@@ -104,17 +113,21 @@ SPEC_SIGNATURES: dict[str, tuple[str, str | None]] = {
     "message_fail": ("p_id bigint, p_num_attempts bigint, p_error text DEFAULT NULL", "text"),
     "message_cancel": ("p_id bigint", "text"),
     "dead_letter_retry": ("p_id bigint", "text"),
+    "dead_letter_delete": ("p_id bigint", "text"),
+    "dead_letter_purge": ("p_before timestamptz, p_queue text DEFAULT NULL", "bigint"),
     "history_prune": ("p_before timestamptz", None),
 }
 
 SPEC_COLUMNS = {
-    "fairq.channels": ["channel", "max_concurrency", "release_interval_ms", "max_size",
-                       "max_attempts", "size", "ready", "scheduled", "in_flight",
-                       "next_dequeue_at"],
-    "fairq.dead_letters": ["id", "channel", "content", "state", "num_attempts", "error",
+    "fairq.queues": ["queue", "channels", "size", "ready", "scheduled", "in_flight", "dead",
+                     "paused_until"],
+    "fairq.channels": ["queue", "channel", "max_concurrency", "release_interval_ms", "max_size",
+                       "max_attempts", "weight", "paused_until", "size", "ready", "scheduled",
+                       "in_flight", "next_dequeue_at"],
+    "fairq.dead_letters": ["id", "queue", "channel", "content", "state", "num_attempts", "error",
                            "created_at", "died_at"],
-    "fairq.message_history": ["id", "channel", "priority", "created_at", "first_dequeued_at",
-                              "settled_at", "num_attempts", "outcome"],
+    "fairq.message_history": ["id", "queue", "channel", "priority", "created_at",
+                              "first_dequeued_at", "settled_at", "num_attempts", "outcome"],
 }
 
 

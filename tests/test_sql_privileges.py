@@ -61,7 +61,7 @@ READS = {
 PRODUCER_FUNCTIONS = {"message_create", "message_create_batch", "message_cancel"}
 WORKER_FUNCTIONS = {"message_dequeue", "message_complete", "message_complete_batch",
                     "message_defer", "message_heartbeat", "message_fail"}
-OBSERVER_READS = {"fairq.channels", "fairq.dead_letters", "fairq.message_history"}
+OBSERVER_READS = {"fairq.queues", "fairq.channels", "fairq.dead_letters", "fairq.message_history"}
 
 
 # -- Roles ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from fairq.types import (
 )
 from fairq.worker import Backoff, Worker
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 __all__ = [
     "AsyncMessage",

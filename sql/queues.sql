@@ -1,0 +1,73 @@
+-- queues.sql — named queues: independent sets of channels, each with its own
+-- round-robin, served by its own workers.
+--
+-- Invariants:
+--   * a queue exists from the first call that names it (a producer, a policy or a
+--     pause); a call that only reads or undoes (dequeue, resume, clear, purge) never
+--     creates one: for an unknown queue there is nothing to do;
+--   * a queue's name follows the channel-name rules (fairq.require_channel_name);
+--   * a paused queue hands nothing out until the pause ends; creates, settlements,
+--     heartbeats and the recovery of expired locks go on (the dequeue checks the
+--     pause after recovering), so a pause never loses or strands a message.
+
+-- The queue named p_queue (validated as argument p_name), or a row of NULLs.
+CREATE FUNCTION fairq.queue_lookup(p_queue text, p_name text) RETURNS fairq.queue
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_queue fairq.queue;
+BEGIN
+    SELECT * INTO v_queue FROM fairq.queue q WHERE q.name = fairq.require_channel_name(p_queue, p_name);
+    RETURN v_queue;
+END
+$$;
+
+-- The id of queue p_queue, created on first use.
+CREATE FUNCTION fairq.queue_for_producer(p_queue text, p_name text) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_id integer := (fairq.queue_lookup(p_queue, p_name)).id;
+BEGIN
+    IF v_id IS NULL THEN
+        INSERT INTO fairq.queue (name) VALUES (p_queue) ON CONFLICT (name) DO NOTHING;
+        SELECT q.id INTO v_id FROM fairq.queue q WHERE q.name = p_queue;
+    END IF;
+    RETURN v_id;
+END
+$$;
+
+CREATE FUNCTION fairq.queue_pause(p_queue text, p_until timestamptz DEFAULT 'infinity') RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_queue_id integer;
+BEGIN
+    PERFORM fairq.require_future(p_until, fairq.clock(), 'p_until');
+    -- (Created, if new, before the UPDATE's snapshot is taken.)
+    v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
+    UPDATE fairq.queue SET paused_until = p_until WHERE id = v_queue_id;
+END
+$$;
+
+CREATE FUNCTION fairq.queue_resume(p_queue text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_was_paused boolean;
+BEGIN
+    UPDATE fairq.queue q SET paused_until = NULL
+      FROM (SELECT q.id, q.paused_until FROM fairq.queue q
+             WHERE q.name = fairq.require_channel_name(p_queue, 'p_queue') FOR UPDATE) old
+     WHERE q.id = old.id AND old.paused_until IS NOT NULL
+    RETURNING old.paused_until > fairq.clock() INTO v_was_paused;
+    RETURN coalesce(v_was_paused, false);
+END
+$$;
+
+COMMENT ON FUNCTION fairq.queue_pause(text, timestamptz) IS
+    'Hands out no message of the queue before p_until (default: until resumed); everything else goes on.';
+COMMENT ON FUNCTION fairq.queue_resume(text) IS
+    'Ends a queue''s pause (true if it was paused).';

@@ -1,0 +1,198 @@
+-- turns.sql — when a channel may be served, and in what order: the round-robin.
+--
+-- *When* and *in what order* are kept apart. A channel's turn_at says when:
+--   * NULL: it cannot be served (nothing pending, or at max_concurrency);
+--   * a time: it may be served from then on (its earliest pending message is due,
+--     its release interval has passed since its last release, its pause is over):
+--     it waits to join the rotation;
+--   * '-infinity' (fairq.in_rotation()): it is in its queue's rotation now, and
+--     turn_pass (then turn_seq) says where.
+-- Invariants:
+--   * order is a pass, never a clock: serving a channel moves it on by its stride,
+--     1,000,000 / weight (fairq.turn_stride), so between two turns of a channel of
+--     weight 1 every other backlogged channel of its queue takes w turns, spread out
+--     (stride scheduling); with weight 1 everywhere that is strict round-robin;
+--   * a channel joins the rotation where it would have been had it joined the
+--     moment its wait ended (at turn_at): behind every channel whose place was given
+--     before that moment, ahead of every channel given its place after it
+--     (turn_given_at: when it was served or joined). So it does not matter which
+--     dequeue lets it join, or how late; with weight 1 everywhere the rotation is
+--     exactly "earliest turn first", as if every turn were a time. turn_seq, taken
+--     when a channel joins or moves, keeps the order among equal passes;
+--   * only a dequeue puts a channel into the rotation (fairq.join_rotation, at its
+--     start, earliest time first, no more than it may serve): every other call that
+--     makes a channel servable gives it a time, so no call but the dequeue reads
+--     the rotation;
+--   * a channel stays in the rotation, moved on by its stride, while it is served
+--     and still servable at once; anything that makes it wait (rate limit, a future
+--     message, a pause, a full channel) takes it out, and it joins again at the
+--     back once the wait is over;
+--   * keep-turn rule (fairq.channel_store with p_keep_turn, wakes, completions): a
+--     change that makes a channel *more* eligible never moves it later: a channel in
+--     the rotation keeps its place, a waiting one keeps the earlier time. turn_seq
+--     and turn_pass change only when turn_at does (fairq.kept_turn_seq,
+--     fairq.kept_place).
+
+-- The turn_at of a channel in its queue's rotation.
+CREATE FUNCTION fairq.in_rotation() RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT '-infinity'::timestamptz $$;
+
+-- How far one turn moves a channel of weight p_weight on (1..1000): 1,000,000 / weight.
+CREATE FUNCTION fairq.turn_stride(p_weight integer) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1000000 / p_weight $$;
+
+-- When a channel may next be served (NULL: it cannot be). With p_turn_at set, an
+-- earlier turn (or the rotation) is kept: a new message never delays a channel that
+-- already waits for its turn. STABLE, not IMMUTABLE, because timestamptz + interval
+-- is: a SQL function is inlined into the statements that call it only when it claims
+-- no more than its body does.
+CREATE FUNCTION fairq.next_turn(
+    p_turn_at timestamptz, p_due_at timestamptz, p_last_release_at timestamptz,
+    p_release_interval_ms bigint, p_in_flight integer, p_max_concurrency integer,
+    p_paused_until timestamptz, p_now timestamptz
+) RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN p_due_at IS NULL THEN NULL
+        WHEN p_max_concurrency IS NOT NULL AND p_in_flight >= p_max_concurrency THEN NULL
+        ELSE LEAST(p_turn_at,
+                   GREATEST(p_due_at, p_now, p_paused_until,
+                            p_last_release_at + fairq.ms(p_release_interval_ms)))
+    END
+$$;
+
+-- The keep-turn rule: a channel whose turn_at did not move keeps its turn_seq and
+-- pass; one whose turn moved takes p_new_seq, and (waiting, not in the rotation) no
+-- pass.
+CREATE FUNCTION fairq.kept_turn_seq(p_old_turn_at timestamptz, p_new_turn_at timestamptz,
+                                    p_old_seq bigint, p_new_seq bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_new_turn_at IS NULL THEN NULL
+                WHEN p_new_turn_at = p_old_turn_at THEN p_old_seq
+                ELSE p_new_seq END
+$$;
+
+CREATE FUNCTION fairq.kept_place(p_old_turn_at timestamptz, p_new_turn_at timestamptz,
+                                 p_old_value anyelement) RETURNS anyelement
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT CASE WHEN p_new_turn_at = p_old_turn_at THEN p_old_value END $$;
+
+-- A served channel's next turn: it stays in the rotation, moved on by its stride,
+-- when it was there and may be served again at once (p_next_turn, from next_turn
+-- without p_turn_at, is now); else it waits for p_next_turn.
+CREATE FUNCTION fairq.served_turn_at(p_turn_at timestamptz, p_next_turn timestamptz,
+                                     p_now timestamptz) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_turn_at = fairq.in_rotation() AND p_next_turn <= p_now
+                THEN fairq.in_rotation() ELSE p_next_turn END
+$$;
+
+CREATE FUNCTION fairq.served_turn_pass(p_served_turn_at timestamptz, p_turn_pass bigint,
+                                       p_weight integer) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_served_turn_at = fairq.in_rotation()
+                THEN p_turn_pass + fairq.turn_stride(p_weight) END
+$$;
+
+-- Since when a channel with pending work due at p_due_at has been idle: NULL while it
+-- has pending work, else the earlier idle time, or now.
+CREATE FUNCTION fairq.idle_since(p_due_at timestamptz, p_idle_since timestamptz, p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT CASE WHEN p_due_at IS NULL THEN coalesce(p_idle_since, p_now) END $$;
+
+-- Writes back a channel row its caller has locked and changed. p_keep_turn keeps an
+-- earlier turn (create, defer, settle); without it the turn is recomputed from
+-- scratch (a new policy or pause, or the channel was found to have nothing due): it
+-- then waits, and joins the rotation at the back. A new turn takes p_turn_seq, or
+-- the next value of fairq.turn_seq.
+CREATE FUNCTION fairq.channel_store(p_channel fairq.channel, p_now timestamptz, p_keep_turn boolean,
+                                    p_turn_seq bigint DEFAULT NULL)
+RETURNS fairq.channel
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_turn_at timestamptz := fairq.next_turn(
+        CASE WHEN p_keep_turn THEN p_channel.turn_at END, p_channel.due_at,
+        p_channel.last_release_at, p_channel.release_interval_ms,
+        p_channel.in_flight, p_channel.max_concurrency, p_channel.paused_until, p_now);
+BEGIN
+    -- (The keep-turn rule of fairq.kept_turn_seq, without taking a value for nothing.)
+    IF v_turn_at IS NULL OR NOT p_keep_turn OR v_turn_at IS DISTINCT FROM p_channel.turn_at THEN
+        p_channel.turn_pass := NULL;  -- a new turn is a time: the channel waits to join
+        p_channel.turn_given_at := NULL;
+        p_channel.turn_seq := CASE WHEN v_turn_at IS NOT NULL
+                                   THEN coalesce(p_turn_seq, nextval('fairq.turn_seq')) END;
+    END IF;
+    p_channel.turn_at := v_turn_at;
+    UPDATE fairq.channel
+       SET in_flight = p_channel.in_flight,
+           last_release_at = p_channel.last_release_at,
+           due_at = p_channel.due_at,
+           turn_at = p_channel.turn_at,
+           turn_pass = p_channel.turn_pass,
+           turn_given_at = p_channel.turn_given_at,
+           turn_seq = p_channel.turn_seq,
+           idle_since = fairq.idle_since(p_channel.due_at, p_channel.idle_since, p_now)
+     WHERE id = p_channel.id;
+    RETURN p_channel;
+END
+$$;
+
+-- For a dequeue of queue p_queue_id, before it picks: the channels whose wait is over
+-- (turn_at <= p_now), earliest first and at most p_limit, join the rotation, each
+-- just ahead of the first channel given its place after its wait ended (its pass
+-- less one), or else at the back (one past the highest pass), whatever its weight:
+-- the weight counts from its first turn on. Taking the earliest first makes that exact for whoever picks next: a
+-- channel left waiting belongs behind every channel joined now. Rows other calls
+-- hold are skipped (their holders will give them their turns). The caller then
+-- holds these rows. True if any joined.
+CREATE FUNCTION fairq.join_rotation(p_queue_id integer, p_now timestamptz, p_limit integer)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_joining bigint[];
+    v_back_pass bigint;
+BEGIN
+    v_joining := ARRAY(SELECT c.id FROM fairq.channel c
+                        WHERE c.queue_id = p_queue_id
+                          AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
+                        ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                        LIMIT p_limit
+                          FOR NO KEY UPDATE SKIP LOCKED);
+    IF cardinality(v_joining) = 0 THEN
+        RETURN false;
+    END IF;
+    -- An empty rotation starts anywhere: passes are only compared within it.
+    v_back_pass := coalesce((SELECT c.turn_pass FROM fairq.channel c
+                              WHERE c.queue_id = p_queue_id AND c.turn_at = fairq.in_rotation()
+                              ORDER BY c.turn_pass DESC LIMIT 1), 0);
+    UPDATE fairq.channel c
+       SET turn_at = fairq.in_rotation(),
+           turn_pass = coalesce(j.next_pass - 1, v_back_pass + j.back_rank),
+           turn_given_at = c.turn_at,
+           turn_seq = j.turn_seq
+      FROM (SELECT p.*, count(*) FILTER (WHERE p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
+              FROM (SELECT u.id, u.pos, nextval('fairq.turn_seq') AS turn_seq,
+                           (SELECT r.turn_pass FROM fairq.channel r
+                             WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
+                               AND r.turn_given_at > k.turn_at
+                             ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) AS next_pass
+                      FROM unnest(v_joining) WITH ORDINALITY AS u(id, pos)
+                      JOIN fairq.channel k ON k.id = u.id
+                     ORDER BY u.pos
+                    OFFSET 0) p) j
+     WHERE c.id = ANY (v_joining) AND c.id = j.id;
+    RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION fairq.in_rotation() IS
+    'The turn_at of a channel in its queue''s rotation (''-infinity''); its place there is (turn_pass, turn_seq).';
