@@ -7,6 +7,7 @@ from pathlib import Path
 
 from fairq.demo.queries import Settled
 from fairq.demo.scenario import Scenario
+from fairq.types import HistoryOutcome
 
 __all__ = ["chart"]
 
@@ -27,7 +28,7 @@ def chart(path: Path, scenario: Scenario, settled: list[Settled], elapsed: float
         mine = [r for r in settled if r.channel == tenant.name]
         counts = [0] * bins
         for record in mine:
-            if record.outcome == "completed":
+            if record.outcome is HistoryOutcome.COMPLETED:
                 counts[min(bins - 1, max(0, int(record.settled / width)))] += 1
         label = f"{tenant.name} ({tenant.policy})" if tenant.policy != "-" else tenant.name
         top.step(edges[:-1], [c / width for c in counts], where="post", label=label)

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 from fairq.demo.scenario import Scenario
+from fairq.types import HistoryOutcome
 
 __all__ = ["Connection", "Row", "Settled", "db_now", "demo_backlog", "demo_channels",
            "foreign_channels", "history", "live_rows"]
@@ -38,13 +39,13 @@ def live_rows(conn: Connection, scenario: Scenario, since: datetime) -> list[Row
     queued = {r[0]: (r[1], r[2]) for r in conn.execute(
         "SELECT channel, ready + scheduled, in_flight FROM fairq.channels"
         " WHERE channel LIKE 'demo-%'").fetchall()}
-    settled: Counter[tuple[str, str]] = Counter()
+    settled: Counter[tuple[str, HistoryOutcome]] = Counter()
     for channel, outcome, count in conn.execute(
             "SELECT channel, outcome, count(*) FROM fairq.message_history"
             " WHERE settled_at >= %s AND channel LIKE 'demo-%%' GROUP BY 1, 2", (since,)):
-        settled[(channel, outcome)] = count
-    return [Row(t.name, *queued.get(t.name, (0, 0)), settled[(t.name, "completed")],
-                settled[(t.name, "dead")]) for t in scenario.tenants]
+        settled[(channel, HistoryOutcome(outcome))] = count
+    return [Row(t.name, *queued.get(t.name, (0, 0)), settled[(t.name, HistoryOutcome.COMPLETED)],
+                settled[(t.name, HistoryOutcome.DEAD)]) for t in scenario.tenants]
 
 
 def demo_backlog(conn: Connection) -> int:
@@ -71,7 +72,7 @@ class Settled:
     wait: float  # seconds from creation to first delivery
     settled: float  # seconds after the start
     first_delivery: datetime
-    outcome: str
+    outcome: HistoryOutcome
 
 
 def history(conn: Connection, since: datetime) -> list[Settled]:
@@ -80,4 +81,5 @@ def history(conn: Connection, since: datetime) -> list[Settled]:
         " extract(epoch FROM settled_at - %s), first_dequeued_at, outcome"
         " FROM fairq.message_history WHERE settled_at >= %s AND channel LIKE 'demo-%%'"
         " ORDER BY settled_at", (since, since)).fetchall()
-    return [Settled(r[0], r[1], float(r[2] or 0), float(r[3]), r[4], r[5]) for r in rows]
+    return [Settled(r[0], r[1], float(r[2] or 0), float(r[3]), r[4], HistoryOutcome(r[5]))
+            for r in rows]

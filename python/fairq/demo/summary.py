@@ -13,6 +13,7 @@ from datetime import datetime
 
 from fairq.demo.queries import Connection, Settled, history
 from fairq.demo.scenario import MAX_ATTEMPTS, Observed, Scenario
+from fairq.types import HistoryOutcome
 
 __all__ = ["Report", "fmt_s", "percentile", "report"]
 
@@ -96,8 +97,8 @@ def report(conn: Connection, scenario: Scenario, observed: Observed, since: date
         recovered = set(observed.recovered)
         raised, foreign = observed.raised, observed.foreign
     outcome = {r.id: r.outcome for r in settled}
-    completed = sum(1 for i in created if outcome.get(i) == "completed")
-    dead = sum(1 for i in created if outcome.get(i) == "dead")
+    completed = sum(1 for i in created if outcome.get(i) is HistoryOutcome.COMPLETED)
+    dead = sum(1 for i in created if outcome.get(i) is HistoryOutcome.DEAD)
     missing = [i for i in created if i not in outcome]
     twice = len(settled) - len({r.id for r in settled})
     rep.check(not missing and twice == 0 and completed + dead == len(created) and drained,
@@ -113,7 +114,7 @@ def report(conn: Connection, scenario: Scenario, observed: Observed, since: date
               f"dead letters: the {dead} dead messages are in fairq.dead_letters "
               f"({dead_rows} rows there)")
     came_back = sum(1 for i in abandoned if i in recovered)
-    fates = Counter(outcome.get(i, "unsettled") for i in abandoned)
+    fates = Counter(outcome[i].value if i in outcome else "unsettled" for i in abandoned)
     crashed_at = observed.crashed_at or 0.0
     rep.check(bool(abandoned) and came_back == len(abandoned),
               f"crash: a worker died holding {len(abandoned)} messages at {crashed_at:.1f} s; "

@@ -6,7 +6,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fairq.report.queries import PERCENTILES
+from fairq.report.queries import OUTCOMES, PERCENTILES
 from fairq.report.rows import Collected, collect
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def write_charts(out: Path, tables: dict[str, DataFrame], top: int) -> list[tupl
     if hours.rows:
         at = times(hours, "hour")
         bottom = [0] * len(at)
-        for outcome in ("completed", "dead", "cancelled"):
+        for outcome in OUTCOMES:
             values = hours.column(outcome)
             ax.bar(at, values, width=1 / 24 * 0.9, bottom=bottom, label=outcome, align="edge")
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]

@@ -6,14 +6,18 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from fairq.types import HistoryOutcome
+
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["ORDER", "PERCENTILES", "TABLES", "compute"]
+__all__ = ["ORDER", "OUTCOMES", "PERCENTILES", "TABLES", "compute"]
 
 
 HOUR_US = 3_600_000_000
 PERCENTILES = (0.5, 0.95, 0.99)
+#: The outcomes the tables count, one column each: completed, dead, cancelled.
+OUTCOMES = tuple(outcome.value for outcome in HistoryOutcome)
 
 
 #: The report's tables, in the order index.html lists them.
@@ -29,7 +33,7 @@ def _prepared(history: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     c, f, s = (F.unix_micros(F.col(n)) for n in ("created_at", "first_dequeued_at", "settled_at"))
-    judged = F.col("outcome").isin("completed", "dead")
+    judged = F.col("outcome").isin(HistoryOutcome.COMPLETED.value, HistoryOutcome.DEAD.value)
     return history.select(
         "id", "channel", "num_attempts", "outcome",
         c.alias("c_us"), f.alias("f_us"), s.alias("s_us"),
@@ -46,19 +50,22 @@ def _window(micros: str, window_us: int) -> Column:
     return F.expr(f"({micros} - pmod({micros}, {window_us})) div {window_us}")
 
 
+def _outcome_counts() -> list[Column]:
+    """How many rows had each outcome: one column per outcome, named after it."""
+    from pyspark.sql import functions as F
+
+    return [F.sum(F.when(F.col("outcome") == outcome, 1).otherwise(0)).cast("long").alias(outcome)
+            for outcome in OUTCOMES]
+
+
 def _figures() -> list[Column]:
     """The aggregate columns shared by summary, channels and hours."""
     from pyspark.sql import functions as F
 
-    def count(outcome: str) -> Column:
-        return F.sum(F.when(F.col("outcome") == outcome, 1).otherwise(0)).cast("long")
-
     pct = ", ".join(str(p) for p in PERCENTILES)
     return [
         F.count(F.lit(1)).alias("settled"),
-        count("completed").alias("completed"),
-        count("dead").alias("dead"),
-        count("cancelled").alias("cancelled"),
+        *_outcome_counts(),
         F.expr(f"percentile(wait_ms, array({pct}))").alias("_wait"),
         F.expr(f"percentile(proc_ms, array({pct}))").alias("_proc"),
         F.avg("num_attempts").alias("mean_attempts"),
@@ -129,15 +136,10 @@ def compute(history: DataFrame, *,
                                                 *_figures()))
     hours = hours.select(F.timestamp_micros("hour_us").alias("hour"),
                          *[c for c in hours.columns if c != "hour_us"])
-
-    def count(outcome: str) -> Column:
-        return F.sum(F.when(F.col("outcome") == outcome, 1).otherwise(0)).cast("long")
-
     channel_hours = (rows.groupBy("hour_us", "channel")
-                     .agg(F.count(F.lit(1)).alias("settled"), count("completed").alias("completed"),
-                          count("dead").alias("dead"), count("cancelled").alias("cancelled"))
+                     .agg(F.count(F.lit(1)).alias("settled"), *_outcome_counts())
                      .select(F.timestamp_micros("hour_us").alias("hour"), "channel", "settled",
-                             "completed", "dead", "cancelled"))
+                             *OUTCOMES))
     attempts = rows.groupBy("channel", "num_attempts").agg(F.count(F.lit(1)).alias("messages"))
     return {"summary": summary.crossJoin(jain), "channels": channels, "hours": hours,
             "channel_hours": channel_hours, "attempts": attempts, "fairness": fairness}
