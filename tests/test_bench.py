@@ -21,7 +21,13 @@ import psycopg
 import pytest
 
 from fairq import bench
-from fairq.bench_plots import write_plots
+from fairq.bench.churn import churn_channel
+from fairq.bench.database import SCHEMA, check, prepare_database, reset
+from fairq.bench.output import clean, table
+from fairq.bench.plots import write_plots
+from fairq.bench.suite import SCENARIOS
+from fairq.bench.targets import targets
+from fairq.bench.throughput import _gatekeeper
 from fairq.cluster import Cluster
 
 KEYS = (
@@ -40,7 +46,7 @@ POSITIVE = (
 )
 
 # The tenant axis and the churn soak have a test of their own (below).
-CLASSIC = tuple(s for s in bench.SCENARIOS if s not in ("tenants", "churn"))
+CLASSIC = tuple(s for s in SCENARIOS if s not in ("tenants", "churn"))
 TENANT_KEYS = ("single_vs_floor", "batched_vs_floor", "single_msgs_per_s", "batched_msgs_per_s",
                "floor_single_msgs_per_s", "floor_batched_msgs_per_s")
 
@@ -73,11 +79,11 @@ def test_every_scenario_reports_every_key(dsn: str, tmp_path: Path) -> None:
     assert any("floor" in line for line in lines)
 
     # The run leaves the database as it found it: fairq consistent and empty.
-    assert bench.check(dsn) == []
+    assert check(dsn) == []
     # What main() writes: JSON (NaN-free), the table and the plots.
-    text = json.dumps(bench._clean(results))
+    text = json.dumps(clean(results))
     assert "NaN" not in text
-    assert "cycle / floor" in bench.table(results)
+    assert "cycle / floor" in table(results)
     written = write_plots(results, tmp_path / "plots")
     assert {p.name for p in written} == {
         "throughput.png", "latency_depth.png", "latency_channels.png", "fairness.png",
@@ -94,7 +100,7 @@ def test_tenant_axis_and_churn_soak_report_their_keys(dsn: str, tmp_path: Path) 
     sizes = dataclasses.replace(bench.TINY, tenant_levels=(10, 100), churn_messages=1_000,
                                 churn_tenants=100, churn_window=10, soak_backlog=200)
     lines: list[str] = []
-    results = bench._clean(bench.run(dsn, sizes, log=lines.append,
+    results = clean(bench.run(dsn, sizes, log=lines.append,
                                      scenarios=("tenants", "churn")))
 
     tenants = results["tenants"]
@@ -125,9 +131,9 @@ def test_tenant_axis_and_churn_soak_report_their_keys(dsn: str, tmp_path: Path) 
         assert len(sizes_by_tenth) == 10 and all(b > 0 for b in sizes_by_tenth)
     assert churn["last_vs_first"] is None or churn["last_vs_first"] >= 0
     assert any("churn:" in line for line in lines)
-    assert bench.check(dsn) == []
+    assert check(dsn) == []
 
-    assert "Zipf 100 ch., batched / floor" in bench.table(results)
+    assert "Zipf 100 ch., batched / floor" in table(results)
     written = write_plots(results, tmp_path / "plots")
     assert {p.name for p in written} == {"tenants.png", "churn.png"}
     assert "NaN" not in json.dumps(results)
@@ -139,19 +145,19 @@ def test_targets_resolve_nested_keys_and_relative_thresholds() -> None:
         "tenants": {"100": {"batched_vs_floor": 0.3},
                     "1000": {"single_vs_floor": 0.6, "batched_vs_floor": 0.45}},
         "churn": {"last_vs_first": 0.95}}
-    targets = bench.targets(results)
-    assert targets["tenants.1000.single_vs_floor"]["met"] is True
-    assert targets["tenants.1000.batched_vs_floor"] == {
+    found = targets(results)
+    assert found["tenants.1000.single_vs_floor"]["met"] is True
+    assert found["tenants.1000.batched_vs_floor"] == {
         "target": ">= 0.5", "value": 0.45, "met": False}
-    assert "tenants.100.batched_vs_floor" not in targets  # reported, no target
-    assert "tenants.100000.single_vs_floor" not in targets  # level not measured
-    assert targets["held_snapshot_ratio"] == {
+    assert "tenants.100.batched_vs_floor" not in found  # reported, no target
+    assert "tenants.100000.single_vs_floor" not in found  # level not measured
+    assert found["held_snapshot_ratio"] == {
         "target": ">= floor_held_snapshot_ratio", "value": 0.45, "threshold": 0.40,
         "met": True}
-    assert targets["churn.last_vs_first"]["met"] is True
+    assert found["churn.last_vs_first"]["met"] is True
     # Without its reference a relative target is neither met nor missed.
     del results["floor_held_snapshot_ratio"]
-    assert bench.targets(results)["held_snapshot_ratio"]["met"] is None
+    assert targets(results)["held_snapshot_ratio"]["met"] is None
     assert "batched_vs_floor" not in {key for key, _, _ in bench.TARGETS}
     assert "batched_msgs_per_s" not in {key for key, _, _ in bench.TARGETS}
 
@@ -160,8 +166,6 @@ def test_churn_tenants_come_and_go() -> None:
     """Every message goes to a tenant of the current window; the window moves forward
     so that, over the run, every tenant is seen and none comes back."""
     import random
-
-    from fairq.bench_tenants import churn_channel
 
     sizes = dataclasses.replace(bench.TINY, churn_messages=10_000, churn_tenants=1_000,
                                 churn_window=50)
@@ -198,32 +202,32 @@ def test_the_gate_closes_at_the_backlog_bound_and_opens_below_it(dsn: str) -> No
     """Throughput runs are a steady state: producers call only while the gate is open,
     and the gatekeeper closes it while the backlog is at ``throughput_backlog``. Checked
     by progress (the gate's state is polled), not by how much a timed run produced."""
-    bench.prepare_database(dsn)
+    prepare_database(dsn)
 
     def gate_reaches(conn: psycopg.Connection[tuple[object, ...]], is_open: bool) -> None:
         deadline = time.monotonic() + 30  # a failure net only
-        while conn.execute(f"SELECT open FROM {bench.SCHEMA}.gate").fetchone() != (is_open,):
+        while conn.execute(f"SELECT open FROM {SCHEMA}.gate").fetchone() != (is_open,):
             assert time.monotonic() < deadline, f"the gate never became open={is_open}"
             time.sleep(0.01)
 
     try:
         with psycopg.connect(dsn, autocommit=True) as conn, \
-                bench._gatekeeper(dsn, "floor", 100):
-            conn.execute(f"INSERT INTO {bench.SCHEMA}.floor (channel, content)"
+                _gatekeeper(dsn, "floor", 100):
+            conn.execute(f"INSERT INTO {SCHEMA}.floor (channel, content)"
                          " SELECT 1, 'x' FROM generate_series(1, 99)")
             gate_reaches(conn, True)
-            conn.execute(f"INSERT INTO {bench.SCHEMA}.floor (channel, content) VALUES (1, 'x')")
+            conn.execute(f"INSERT INTO {SCHEMA}.floor (channel, content) VALUES (1, 'x')")
             gate_reaches(conn, False)  # at the bound
-            conn.execute(f"DELETE FROM {bench.SCHEMA}.floor"
-                         f" WHERE id = (SELECT min(id) FROM {bench.SCHEMA}.floor)")
+            conn.execute(f"DELETE FROM {SCHEMA}.floor"
+                         f" WHERE id = (SELECT min(id) FROM {SCHEMA}.floor)")
             gate_reaches(conn, True)  # below it again
-            conn.execute(f"INSERT INTO {bench.SCHEMA}.floor (channel, content) VALUES (1, 'x')")
+            conn.execute(f"INSERT INTO {SCHEMA}.floor (channel, content) VALUES (1, 'x')")
             gate_reaches(conn, False)
         # Leaving a run opens the gate for the next one.
         with psycopg.connect(dsn, autocommit=True) as conn:
             gate_reaches(conn, True)
     finally:
-        bench.reset(dsn)
+        reset(dsn)
 
 
 @needs_pgbench

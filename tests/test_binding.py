@@ -18,6 +18,7 @@ from fairq import (
     AsyncQueue,
     CancelStatus,
     CreateStatus,
+    HistoryOutcome,
     JsonCodec,
     NewMessage,
     Queue,
@@ -38,8 +39,8 @@ def test_channels_round_trip(dsn: str) -> None:
         stats = {s.channel: s for s in queue.channels()}
         assert set(stats) == {"a", "b"}
         a = stats["a"]
-        assert (a.max_concurrency, a.release_interval_ms, a.max_size, a.max_attempts) == (
-            2, 250, 10, 3)
+        assert (a.max_concurrency, a.release_interval, a.max_size, a.max_attempts) == (
+            2, timedelta(milliseconds=250), 10, 3)
         assert (a.size, a.ready, a.scheduled, a.in_flight) == (1, 1, 0, 0)
         assert (stats["b"].ready, stats["b"].scheduled, stats["b"].max_size) == (0, 1, None)
         assert [s.channel for s in queue.channels("b")] == ["b"]
@@ -195,7 +196,7 @@ def test_history_and_prune(dsn: str) -> None:
         second.fail("no")
         records = queue.history()
         assert [(r.id, r.outcome, r.num_attempts) for r in records] == [
-            (first.id, "completed", 1), (second.id, "dead", 1)]
+            (first.id, HistoryOutcome.COMPLETED, 1), (second.id, HistoryOutcome.DEAD, 1)]
         assert records[0].first_dequeued_at is not None
         assert queue.history("b") == []
         assert queue.history_prune(records[0].settled_at) == 0
@@ -212,7 +213,7 @@ def test_async_history_and_prune(dsn: str) -> None:
             [msg] = await queue.dequeue(LOCK)
             await msg.complete()
             [record] = await queue.history()
-            assert (record.id, record.outcome) == (msg.id, "completed")
+            assert (record.id, record.outcome) == (msg.id, HistoryOutcome.COMPLETED)
             later = datetime.now(timezone.utc) + timedelta(seconds=1)
             assert await queue.history_prune(later) == 1
     asyncio.run(scenario())

@@ -2,22 +2,35 @@
 
 - Every public SQL object (SPEC §2, plus fairq.check()) carries a COMMENT ON, and
   every function a caller can run with the owner's rights is one of them.
-- docs/sql-reference.md is exactly what ``python -m fairq.docgen`` generates now.
+- docs/sql-reference.md is exactly what ``python tools/docgen.py`` generates now.
 - docs/python.md mentions every name the ``fairq`` package exports.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
+from types import ModuleType
 
 import psycopg
 
 import fairq
-from fairq import docgen
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
+
+
+def _tool(name: str) -> ModuleType:
+    """A script of tools/ as a module: tools/ is no package, its scripts are run by path."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+docgen = _tool("docgen")
 
 # SPEC §2, by name: the contract the reference must cover.
 SPEC_FUNCTIONS = {
@@ -60,7 +73,7 @@ def test_every_public_sql_object_has_a_comment(conn: psycopg.Connection[tuple[ob
 def test_sql_reference_is_what_the_generator_produces(conn: psycopg.Connection[tuple[object, ...]]) -> None:
     committed = (DOCS / "sql-reference.md").read_text()
     assert committed == docgen.generate(conn), (
-        "docs/sql-reference.md is out of date: run `python -m fairq.docgen` and commit it")
+        "docs/sql-reference.md is out of date: run `python tools/docgen.py` and commit it")
 
 
 def test_python_reference_mentions_every_exported_name() -> None:

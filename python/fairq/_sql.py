@@ -24,6 +24,7 @@ from fairq.types import (
     CreateResult,
     CreateStatus,
     DeadLetter,
+    HistoryOutcome,
     HistoryRecord,
     NewMessage,
     RetryStatus,
@@ -83,7 +84,13 @@ def channels(channel: str | None) -> Call[list[ChannelStats]]:
         " size, ready, scheduled, in_flight, next_dequeue_at FROM fairq.channels"
         " WHERE %(channel)s::text IS NULL OR channel = %(channel)s ORDER BY channel",
         {"channel": channel},
-        lambda rows: [ChannelStats(*row) for row in rows])
+        lambda rows: [_channel_stats(row) for row in rows])
+
+
+def _channel_stats(row: Row) -> ChannelStats:
+    channel, max_concurrency, release_interval_ms, *counts = row
+    return ChannelStats(channel, max_concurrency, timedelta(milliseconds=release_interval_ms),
+                        *counts)
 
 
 def _create_result(id_: int | None, status: str) -> CreateResult:
@@ -201,7 +208,13 @@ def history(channel: str | None, since: datetime | None, limit: int) -> Call[lis
         "   AND (%(since)s::timestamptz IS NULL OR settled_at >= %(since)s)"
         " ORDER BY settled_at, id LIMIT %(limit)s",
         {"channel": channel, "since": since, "limit": limit},
-        lambda rows: [HistoryRecord(*row) for row in rows])
+        lambda rows: [_history_record(row) for row in rows])
+
+
+def _history_record(row: Row) -> HistoryRecord:
+    id_, channel, priority, created_at, first_dequeued_at, settled_at, num_attempts, outcome = row
+    return HistoryRecord(id_, channel, priority, created_at, first_dequeued_at, settled_at,
+                         num_attempts, HistoryOutcome(outcome))
 
 
 def history_prune(before: datetime) -> Call[int]:

@@ -121,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _format_limits(stats: ChannelStats) -> str:
     limits = [f"{name}={value}" for name, value in (
-        ("concurrency", stats.max_concurrency), ("interval_ms", stats.release_interval_ms or None),
+        ("concurrency", stats.max_concurrency),
+        ("interval_ms", stats.release_interval // timedelta(milliseconds=1) or None),
         ("size", stats.max_size), ("attempts", stats.max_attempts)) if value is not None]
     return " ".join(limits) or "-"
 

@@ -84,6 +84,13 @@ class Queue(Generic[T]):
         else:
             self._backend = _Shared(source, threading.Lock())
 
+    def open(self) -> None:
+        """Opens the pool the queue owns, if it is not open. The constructor already opens
+        it: this is :meth:`AsyncQueue.open`'s twin, so that code can treat both bindings
+        alike. A closed queue cannot be opened again."""
+        if self._owned_pool is not None and self._owned_pool.closed:
+            self._owned_pool.open()
+
     def close(self) -> None:
         """Closes the pool the queue opened itself (a caller's connection or pool stays open)."""
         if self._owned_pool is not None:

@@ -27,6 +27,7 @@ __all__ = [
     "CreateResult",
     "CreateStatus",
     "DeadLetter",
+    "HistoryOutcome",
     "HistoryRecord",
     "Message",
     "NewMessage",
@@ -67,6 +68,14 @@ class RetryStatus(enum.Enum):
     NOT_FOUND = "not_found"
 
 
+class HistoryOutcome(enum.Enum):
+    """How a message left the queue, as ``fairq.message_history`` records it."""
+
+    COMPLETED = "completed"
+    DEAD = "dead"  # moved to the dead letters (max_attempts reached, or failed)
+    CANCELLED = "cancelled"
+
+
 @dataclass(frozen=True)
 class CreateResult:
     id: int | None
@@ -93,11 +102,12 @@ class NewMessage(Generic[T]):
 
 @dataclass(frozen=True)
 class ChannelStats:
-    """A row of the ``fairq.channels`` view. Limits are None when unlimited."""
+    """A row of the ``fairq.channels`` view. Limits are None when unlimited;
+    ``release_interval`` is zero when messages are released without pause."""
 
     channel: str
     max_concurrency: int | None
-    release_interval_ms: int
+    release_interval: timedelta
     max_size: int | None
     max_attempts: int | None
     size: int
@@ -131,7 +141,7 @@ class HistoryRecord:
     first_dequeued_at: datetime | None
     settled_at: datetime
     num_attempts: int
-    outcome: str  # completed | dead | cancelled
+    outcome: HistoryOutcome
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,8 @@
-"""``fairq bench`` over many tenants: the tenant axis and the churn soak.
-
-* tenants: fairq's create → dequeue → complete cycle, one message per call and
-  ``batch`` per call, over each of ``tenant_levels`` channels (producers pick channels
-  uniformly) and once over the largest level with a Zipf spread, each against the
-  plain-SQL floor fed by producers of the same shape, interleaved (floor, fairq,
-  floor, fairq) so that drift hits both. Every run is ``bench.throughput``.
-* churn: ``churn_messages`` messages to ``churn_tenants`` tenants that come and go:
-  a window of ``churn_window`` tenants receives messages and moves forward, so each
-  tenant gets a few messages and then falls silent for good. Throughput per tenth of
-  the run, and at the end of each tenth the size of fairq.channel and its indexes and
-  its row count: the table should level off, not grow with every tenant ever seen.
+"""The churn soak: ``churn_messages`` messages to ``churn_tenants`` tenants that come
+and go: a window of ``churn_window`` tenants receives messages and moves forward, so
+each tenant gets a few messages and then falls silent for good. Throughput per tenth
+of the run, and at the end of each tenth the size of fairq.channel and its indexes and
+its row count: the table should level off, not grow with every tenant ever seen.
 """
 
 from __future__ import annotations
@@ -18,69 +11,20 @@ import bisect
 import math
 import queue
 import random
-from dataclasses import replace
 from typing import Any
 
-from fairq.bench import (
-    Conn,
-    Log,
-    Pgbench,
-    Sizes,
-    Threads,
-    batch_run,
-    check,
-    connect,
-    describe,
-    ratio,
-    reset,
-    scalar,
-    table_stats,
-    throughput,
-)
+from fairq.bench.database import Conn, check, connect, reset, scalar, table_stats
+from fairq.bench.progress import Log
+from fairq.bench.sizes import Sizes
+from fairq.bench.soak import batch_run
+from fairq.bench.stats import ratio
+from fairq.bench.threads import Threads
 
-__all__ = ["channel_sample", "churn_channel", "churn_scenario", "tenants_scenario"]
+__all__ = ["channel_sample", "churn_channel", "churn_scenario"]
 
-MODES = (("single", False), ("batched", True))
+
 RELATED = ("fairq.channel_size", "fairq.channel_wake")  # per-channel side tables, if any
 
-
-# --------------------------------------------------------------------------- tenant axis
-
-def tenants_scenario(bench: Pgbench, sizes: Sizes, log: Log,
-                     profile: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Returns (summary by level, the throughput runs by level). Levels are the channel
-    counts as strings, and "zipf"; each summary has ``single_vs_floor``,
-    ``batched_vs_floor``, ``single_msgs_per_s``, ``batched_msgs_per_s``,
-    ``floor_single_msgs_per_s``, ``floor_batched_msgs_per_s``, ``channels`` and
-    ``spread``."""
-    variants = [(str(c), replace(sizes, channels=c, channel_spread="uniform"))
-                for c in sizes.tenant_levels]
-    variants.append(("zipf", replace(sizes, channels=max(sizes.tenant_levels),
-                                     channel_spread="zipf")))
-    summary: dict[str, Any] = {}
-    details: dict[str, Any] = {}
-    for name, scale in variants:
-        level: dict[str, Any] = {"channels": scale.channels, "spread": scale.channel_spread}
-        runs: dict[str, Any] = {}
-        for mode, batched in MODES:
-            for kind in ("floor", "fairq"):
-                result = throughput(bench, kind, scale, batched, profile=profile)
-                runs[f"{kind}_{mode}"] = result
-                log(describe(f"tenants {name} {kind} {mode}", result))
-                prefix = "floor_" if kind == "floor" else ""
-                level[f"{prefix}{mode}_msgs_per_s"] = float(result["msgs_per_s"])
-            level[f"{mode}_vs_floor"] = ratio(level[f"{mode}_msgs_per_s"],
-                                              level[f"floor_{mode}_msgs_per_s"])
-        summary[name] = level
-        details[name] = runs
-        log(f"  tenants {name}: single {level['single_msgs_per_s']:,.0f} msgs/s"
-            f" ({level['single_vs_floor']:.3f} of floor), batched"
-            f" {level['batched_msgs_per_s']:,.0f} msgs/s"
-            f" ({level['batched_vs_floor']:.3f} of floor)")
-    return summary, details
-
-
-# --------------------------------------------------------------------------- churn soak
 
 def churn_channel(sizes: Sizes, i: int, rng: random.Random) -> str:
     """The tenant of message i (0 .. churn_messages - 1), drawn uniformly from a window

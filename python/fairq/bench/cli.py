@@ -1,0 +1,100 @@
+"""``fairq bench`` and ``python -m fairq.bench``: arguments, the throwaway cluster, and
+what the run writes and prints."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from fairq.bench.output import clean, table, write_json
+from fairq.bench.plots import write_plots
+from fairq.bench.progress import Progress
+from fairq.bench.sizes import FULL, QUICK, TINY
+from fairq.bench.suite import SCENARIOS, run, spark_scenario
+
+__all__ = ["main"]
+
+
+# Rows a DataFrame enqueues in the --spark scenario, by size preset.
+SPARK_ROWS = {"full": 1_000_000, "quick": 100_000, "tiny": 2_000}
+
+DURABLE_SETTINGS = {
+    "fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
+    "max_connections": "200", "shared_buffers": "1GB",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fairq bench", description="fairq against the physical floor, side by side.")
+    parser.add_argument("--dsn", help="a database dedicated to the bench (default: start a"
+                        " throwaway cluster on 127.0.0.1 and remove it afterwards)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes: the whole run takes a few minutes")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write the results here")
+    parser.add_argument("--plots", type=Path, metavar="DIR", help="write PNG plots here")
+    parser.add_argument("--spark", action="store_true",
+                        help="also measure enqueueing a DataFrame through fairq.spark"
+                             " (needs the spark extra and the JDBC driver)")
+    parser.add_argument("--sizes", choices=("full", "quick", "tiny"), help=argparse.SUPPRESS)
+    parser.add_argument("--only", help=argparse.SUPPRESS)  # comma-separated scenarios
+    # Own cluster only: preload pg_stat_statements and report top statements per
+    # throughput scenario (adds overhead: not for the reported numbers).
+    parser.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    sizes = {"full": FULL, "quick": QUICK, "tiny": TINY}[args.sizes or
+                                                         ("quick" if args.quick else "full")]
+    scenarios = tuple(args.only.split(",")) if args.only else SCENARIOS
+    unknown = set(scenarios) - set(SCENARIOS)
+    if unknown:
+        print(f"fairq bench: unknown scenarios {sorted(unknown)}", file=sys.stderr)
+        return 2
+    log = Progress()
+    cluster = None
+    # SIGTERM (a CI timeout, `kill`) ends the run like Ctrl-C: the throwaway cluster
+    # is removed on the way out instead of being left running.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        if args.dsn:
+            dsn, where = args.dsn, "external (--dsn)"
+        else:
+            from fairq.cluster import Cluster
+            settings = dict(DURABLE_SETTINGS)
+            if args.profile:
+                settings.update({"shared_preload_libraries": "pg_stat_statements",
+                                 "pg_stat_statements.track": "all"})
+            cluster = Cluster(settings=settings)
+            log(f"starting a throwaway cluster of {cluster.version} (durable settings)")
+            cluster.start()
+            dsn, where = cluster.dsn(), f"throwaway, {DURABLE_SETTINGS}"
+        log(f"fairq bench ({sizes.name}) against {dsn}")
+        results = run(dsn, sizes, log, scenarios, where, profile=args.profile)
+        if args.spark:
+            spark_scenario(dsn, SPARK_ROWS[sizes.name], results, log)
+    except KeyboardInterrupt:
+        print("fairq bench: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if cluster is not None:
+            cluster.remove()
+    results = clean(results)
+    if args.json:
+        write_json(results, args.json)
+        log(f"wrote {args.json}")
+    if args.plots:
+        for path in write_plots(results, args.plots):
+            log(f"wrote {path}")
+    print(table(results))
+    return 0
