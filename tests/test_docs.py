@@ -34,12 +34,14 @@ docgen = _tool("docgen")
 
 # SPEC §2, by name: the contract the reference must cover.
 SPEC_FUNCTIONS = {
-    "channel_set", "channel_clear", "message_create", "message_create_batch",
+    "queue_pause", "queue_resume", "channel_set", "channel_clear", "channel_pause",
+    "channel_resume", "message_create", "message_create_batch",
     "message_dequeue", "message_complete", "message_complete_batch", "message_defer",
     "message_heartbeat", "message_fail", "message_cancel", "dead_letter_retry",
+    "dead_letter_delete", "dead_letter_purge",
     "history_prune", "grant_producer", "grant_worker", "grant_observer", "check",
 }
-SPEC_RELATIONS = {"channels", "dead_letters", "message_history"}
+SPEC_RELATIONS = {"queues", "channels", "dead_letters", "message_history"}
 
 
 def test_the_generator_covers_the_spec() -> None:

@@ -21,7 +21,7 @@ elapsed since the example started (see model.py); every schedule, lock, interval
 clock step is a whole number of units (an hour), so real drift never decides an
 outcome.
 
-Profiles: by default 20 examples of up to 25 steps (<= 500 steps); with --slow 300
+Profiles: by default 50 examples of up to 30 steps (<= 1,500 steps); with --slow 300
 examples of up to 60 steps. One database for the whole test, reset per example.
 
 That an ordinary role cannot bend the clock is proven in
@@ -430,7 +430,7 @@ def run_machine(dsn: str, examples: int, steps: int) -> None:
 
 
 def test_queue_agrees_with_the_model(dsn: str) -> None:
-    run_machine(dsn, examples=20, steps=25)
+    run_machine(dsn, examples=50, steps=30)
 
 
 @pytest.mark.slow

@@ -29,11 +29,11 @@ def test_psql_walkthrough_runs_and_every_claim_holds(dsn: str) -> None:
         "2|tenant-a|1", "3|tenant-b|1", "1|tenant-a|1",
         "heartbeated", "deferred", "completed", "not_found",
     ]
-    # fairq.channels: channel|max_concurrency|release_interval_ms|max_size|max_attempts|
-    #                 size|ready|scheduled|in_flight|next_dequeue_at
-    channels = sorted(line for line in out if line.startswith("tenant-"))
-    assert channels[0] == "tenant-a|2|0||3|1|0|0|1|"  # message 1 in flight, nothing waiting
-    assert channels[1].startswith("tenant-b||0|||1|1|0|0|2")  # message 3 waits for its turn
+    # fairq.channels: queue|channel|max_concurrency|release_interval_ms|max_size|max_attempts|
+    #                 weight|paused_until|size|ready|scheduled|in_flight|next_dequeue_at
+    channels = sorted(line for line in out if line.startswith("default|tenant-"))
+    assert channels[0] == "default|tenant-a|2|0||3|1||1|0|0|1|"  # message 1 in flight, nothing waiting
+    assert channels[1].startswith("default|tenant-b||0|||1||1|1|0|0|2")  # message 3 waits for its turn
     rest = ["3|2|step 1 done", "stale", "dead", "3|tenant-b|2|gave up", "requeued", "cancelled", "locked"]
-    results = [line for line in out if not line.startswith("tenant-") and line.strip()]
+    results = [line for line in out if not line.startswith("default|tenant-") and line.strip()]
     assert results == expected + rest, out

@@ -179,8 +179,8 @@ def test_privileges_block_runs(dsn: str, server: Server) -> None:
                                    (role, function, privilege)).fetchone()
                 return bool(row and row[0])
             producer, worker, observer = roles
-            dequeue = "fairq.message_dequeue(bigint, integer)"
-            create = "fairq.message_create(text, bytea, timestamptz, integer, text)"
+            dequeue = "fairq.message_dequeue(bigint, integer, text)"
+            create = "fairq.message_create(text, bytea, timestamptz, integer, text, text)"
             assert can(producer, "EXECUTE", create) and not can(producer, "EXECUTE", dequeue)
             assert can(worker, "EXECUTE", dequeue)
             row = conn.execute("SELECT has_table_privilege(%s, 'fairq.channels', 'SELECT')",

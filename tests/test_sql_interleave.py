@@ -288,14 +288,16 @@ def test_channel_collected_while_a_producer_queues_its_wake_keeps_the_message(
     first = dequeue_one(conn)
     assert first is not None and complete(conn, first) == "completed"  # x is idle
     original = conn.execute(
-        "SELECT pg_get_functiondef('fairq.channel_quiet(text)'::regprocedure)").fetchone()
+        "SELECT pg_get_functiondef('fairq.channel_quiet(integer, text)'::regprocedure)").fetchone()
     assert original is not None
     conn.execute(f"""
-        CREATE OR REPLACE FUNCTION fairq.channel_quiet(p_channel text) RETURNS boolean
+        CREATE OR REPLACE FUNCTION fairq.channel_quiet(p_queue_id integer, p_channel text)
+        RETURNS boolean
         LANGUAGE plpgsql AS $$
         BEGIN
             PERFORM pg_advisory_xact_lock_shared({GATE_KEY});  -- the producer commits meanwhile
-            RETURN pg_try_advisory_xact_lock(1717660018, fairq.producer_lock_key(p_channel));
+            RETURN pg_try_advisory_xact_lock(fairq.producer_lock_class(),
+                                             fairq.producer_lock_key(p_queue_id, p_channel));
         END $$""")
     gate = psycopg.connect(dsn, autocommit=True)
     try:

@@ -31,15 +31,17 @@ Connection = psycopg.Connection[Any]
 
 # The public API (SPEC §2, plus fairq.check()), in reading order, by section.
 PUBLIC_FUNCTIONS: dict[str, tuple[str, ...]] = {
-    "Channels (tenants)": ("channel_set", "channel_clear"),
+    "Queues": ("queue_pause", "queue_resume"),
+    "Channels (tenants)": ("channel_set", "channel_clear", "channel_pause", "channel_resume"),
     "Producing": ("message_create", "message_create_batch", "message_cancel"),
     "Consuming": ("message_dequeue", "message_heartbeat", "message_complete",
                   "message_complete_batch", "message_defer", "message_fail"),
-    "Dead letters and history": ("dead_letter_retry", "history_prune"),
+    "Dead letters and history": ("dead_letter_retry", "dead_letter_delete", "dead_letter_purge",
+                                 "history_prune"),
     "Operating": ("check",),
     "Privileges": ("grant_producer", "grant_worker", "grant_observer"),
 }
-PUBLIC_VIEWS = ("channels", "dead_letters")
+PUBLIC_VIEWS = ("queues", "channels", "dead_letters")
 PUBLIC_TABLES = ("message_history",)
 
 HEADER = """\

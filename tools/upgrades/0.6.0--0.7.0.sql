@@ -37,13 +37,16 @@ COMMENT ON TABLE fairq.queue IS
 ALTER TABLE fairq.channel ADD COLUMN queue_id integer NOT NULL DEFAULT 1,
                           ADD COLUMN weight integer NOT NULL DEFAULT 1,
                           ADD COLUMN paused_until timestamptz,
-                          ADD COLUMN turn_pass bigint;
+                          ADD COLUMN turn_pass bigint,
+                          ADD COLUMN turn_given_at timestamptz;
 ALTER TABLE fairq.channel ALTER COLUMN queue_id DROP DEFAULT;
 ALTER TABLE fairq.channel DROP CONSTRAINT channel_name_key,
                           ADD CONSTRAINT channel_queue_id_name_key UNIQUE (queue_id, name);
 DROP INDEX fairq.channel_turn_ix;
 CREATE INDEX channel_turn_ix ON fairq.channel (queue_id, turn_at, turn_pass, turn_seq)
     WHERE turn_at IS NOT NULL;
+CREATE INDEX channel_turn_given_ix ON fairq.channel (queue_id, turn_given_at, turn_pass)
+    WHERE turn_at = '-infinity';
 DROP INDEX fairq.channel_idle_ix;
 CREATE INDEX channel_idle_ix ON fairq.channel ((GREATEST(idle_since, paused_until)))
     WHERE idle_since IS NOT NULL AND NOT has_policy;
@@ -128,6 +131,13 @@ DROP FUNCTION fairq.producer_lock_key(text);
 DROP FUNCTION fairq.channel_quiet(text);
 
 -- @after
+-- The views created anew, described again.
+COMMENT ON VIEW fairq.channels IS
+    'Every channel with a policy or messages (idle channels kept for the collector are not shown), by queue, with its policy, weight and pause and its contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when it may next be served; NULL when empty or at max_concurrency).';
+COMMENT ON VIEW fairq.queues IS
+    'Every queue: its channels (as fairq.channels shows them), messages (size, ready, scheduled, in_flight), dead letters, and the end of its pause.';
+COMMENT ON VIEW fairq.dead_letters IS
+    'Messages that failed or ran out of attempts, by queue and channel, with the error and when they died.';
 -- The grants kept at the start, given again on the objects created anew; who could
 -- read fairq.channels may read the new fairq.queues, its summary.
 INSERT INTO fairq.upgrade_grant

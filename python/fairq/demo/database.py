@@ -40,7 +40,7 @@ NO_JIT = "jit=off"
 
 def check_database(conn: Connection) -> None:
     found = conn.execute(
-        "SELECT to_regprocedure('fairq.message_dequeue(bigint, integer)') IS NOT NULL").fetchone()
+        "SELECT to_regproc('fairq.message_dequeue') IS NOT NULL").fetchone()
     if not found or not found[0]:
         raise DemoError("fairq is not installed in this database "
                         "(CREATE EXTENSION fairq, or `fairq install`)")
