@@ -18,8 +18,9 @@ completed by a worker when the retry runs is enqueued again.)
 """
 
 from fairq.spark.bench import bench_enqueue
-from fairq.spark.dataframe import EnqueueResult, dedup_key_from, enqueue
+from fairq.spark.dataframe import EnqueueResult, enqueue
 from fairq.spark.jdbc import DEFAULT_JDBC_JAR, jdbc_properties, jdbc_url, read
+from fairq.spark.messages import dedup_key_from
 from fairq.spark.session import local_session
 
 __all__ = [

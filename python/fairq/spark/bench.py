@@ -6,7 +6,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from fairq.spark.dataframe import _project, enqueue
+from fairq.spark.dataframe import enqueue
+from fairq.spark.messages import project
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -40,7 +41,7 @@ def bench_enqueue(spark: SparkSession, dsn: str, rows: int, *, channels: int = 1
     fields = {"channel": "tenant", "content": "body", "dedup_key": "key"}
     # Start (and keep, spark.python.worker.reuse) one Python worker per core first.
     sc.parallelize(range(parts), parts).foreachPartition(_warm_up)
-    _project(frame(min(rows, 20_000)), dequeue_at=None, priority=None,
+    project(frame(min(rows, 20_000)), dequeue_at=None, priority=None,
              **fields).foreachPartition(_warm_up)
     timed = frame(rows)
     started = time.perf_counter()
@@ -55,7 +56,7 @@ def _warm_up(rows: Iterable[Any]) -> None:
     """Runs on an executor: loads what _write_partition imports and reads every row."""
     import psycopg  # noqa: F401
 
-    from fairq import _sql  # noqa: F401
+    import fairq.spark.messages  # noqa: F401
 
     for _ in rows:
         pass
