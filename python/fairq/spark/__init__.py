@@ -22,10 +22,13 @@ from fairq.spark.dataframe import EnqueueResult, enqueue
 from fairq.spark.jdbc import DEFAULT_JDBC_JAR, jdbc_properties, jdbc_url, read
 from fairq.spark.messages import dedup_key_from
 from fairq.spark.session import local_session
+from fairq.spark.stream import QueueSink, SinkBatchResult, stream_to_queue
 
 __all__ = [
     "DEFAULT_JDBC_JAR",
     "EnqueueResult",
+    "QueueSink",
+    "SinkBatchResult",
     "bench_enqueue",
     "dedup_key_from",
     "enqueue",
@@ -33,4 +36,5 @@ __all__ = [
     "jdbc_url",
     "local_session",
     "read",
+    "stream_to_queue",
 ]
