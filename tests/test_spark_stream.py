@@ -243,7 +243,7 @@ def test_a_rewound_checkpoint_is_refused_and_old_batches_are_forgotten(
 def test_the_sink_outside_a_streaming_query_refuses(
         spark: Any, conn: psycopg.Connection[Any]) -> None:
     df = spark.createDataFrame([(1, "tenant-a")], "n long, tenant string")
-    with pytest.raises(RuntimeError, match="no query is running"):
+    with pytest.raises(RuntimeError, match="names no running query"):
         make_sink(conn.info.dsn).write_batch(df, 0)
 
 

@@ -225,7 +225,8 @@ class QueueSink:
         query_id = batch_df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
         if query_id is None:
             raise RuntimeError("a QueueSink writes the micro-batches of a streaming query"
-                               " (writeStream.foreachBatch(sink)); no query is running")
+                               " (writeStream.foreachBatch(sink)), and Spark names no running"
+                               f" query on this thread (local property {_QUERY_ID_PROPERTY})")
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             if not self._checked:
                 require_queue(conn, self.queue)
