@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from psycopg import sql
+
 from fairq.spark.messages import (
     DEFAULT_QUEUE,
     MESSAGE_COLUMNS,
@@ -101,17 +103,13 @@ class SinkBatchResult:
         return self.created + self.duplicate + self.dropped
 
 
-def _table(schema: str) -> Any:
-    from psycopg import sql
-
+def _table(schema: str) -> sql.Identifier:
     return sql.Identifier(schema, PROGRESS_TABLE)
 
 
 def ensure_progress_table(conn: psycopg.Connection[Any], schema: str) -> None:
     """Creates ``schema.fairq_spark_sink_progress`` unless it exists (a role without
     CREATE on the schema can use one made ahead of time with the same columns)."""
-    from psycopg import sql
-
     table = _table(schema)
     name = table.as_string(conn)
     found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [name]).fetchone()
@@ -131,7 +129,6 @@ def _write_part(rows: Iterable[Any], *, dsn: str, schema: str, query_id: str, si
     """Runs on an executor: writes one part of a batch (this task's partition) in one
     transaction, unless another attempt has committed it."""
     import psycopg
-    from psycopg import sql
     from pyspark import TaskContext
 
     from fairq.types import CreateStatus
@@ -248,8 +245,6 @@ class QueueSink:
                parts: int) -> tuple[int, int]:
         """Records the batch (unless an earlier attempt did) and returns its number of
         parts (the first attempt's) and how many of them are committed."""
-        from psycopg import sql
-
         table = _table(self.progress_schema)
         key = {**self._key(query_id, batch_id), "parts": parts, "kept": _KEPT_BATCHES}
         match = "query_id = %(query_id)s AND sink = %(sink)s"
@@ -296,8 +291,6 @@ class QueueSink:
 
     def _result(self, conn: psycopg.Connection[Any], query_id: str, batch_id: int,
                 parts: int, skipped: int) -> SinkBatchResult:
-        from psycopg import sql
-
         row = conn.execute(sql.SQL(
             "SELECT count(*), coalesce(sum(created), 0), coalesce(sum(duplicate), 0),"
             " coalesce(sum(dropped), 0) FROM {table} WHERE query_id = %(query_id)s"
