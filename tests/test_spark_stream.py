@@ -99,7 +99,7 @@ def lost_and_duplicated(conn: psycopg.Connection[Any], completed: list[bytes],
     return lost, duplicated
 
 
-def crash_once_parts_committed(conn: psycopg.Connection[Any], batch_id: int,
+def crash_when_parts_committed(conn: psycopg.Connection[Any], batch_id: int,
                                committed: int) -> None:
     """Every insert of a message of micro-batch ``batch_id`` fails once ``committed`` of
     the batch's parts are committed: a part's transaction sees its own claim and the
@@ -137,7 +137,7 @@ def test_a_query_killed_mid_batch_restarts_without_loss_or_duplicates(
     source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
     for batch in range(2):
         add_input(source, batch)
-    crash_once_parts_committed(conn, batch_id=1, committed=2)
+    crash_when_parts_committed(conn, batch_id=1, committed=2)
     before: list[Any] = []
     with pytest.raises(StreamingQueryException, match="injected crash in batch 1"):
         run_query(spark, source, checkpoint, make_sink(conn.info.dsn, partitions=4), before)
