@@ -14,6 +14,7 @@ commit log, which is what Spark finds after a crash between writing and committi
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -268,3 +269,45 @@ def test_the_sink_into_a_named_queue_without_named_queues_refuses(
     with pytest.raises(RuntimeError, match="no named queues"):
         make_sink(conn.info.dsn, queue="emails").write_batch(df, 0)
     assert conn.execute("SELECT count(*) FROM fairq.message").fetchone() == (0,)
+
+
+# -- docs/spark.md --------------------------------------------------------------------
+
+STREAMING_DOCS = Path(__file__).resolve().parent.parent / "docs" / "spark.md"
+
+
+def streaming_section() -> str:
+    text = STREAMING_DOCS.read_text()
+    start = text.index("## Streaming: ")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def test_the_docs_streaming_examples_run(spark: Any, conn: psycopg.Connection[Any],
+                                         tmp_path: Path) -> None:
+    """Each python block of the section, with its paths in tmp_path, starts a query
+    that puts one file's jobs into the queue."""
+    blocks = re.findall(r"^```python\n(.*?)^```", streaming_section(), flags=re.M | re.S)
+    assert len(blocks) == 2
+    scope: dict[str, Any] = {"spark": spark, "dsn": conn.info.dsn}
+    for i, code in enumerate(blocks):
+        source, checkpoint = tmp_path / f"in-{i}", tmp_path / f"checkpoint-{i}"
+        source.mkdir()
+        (source / "jobs.json").write_text("".join(
+            json.dumps({"tenant": f"tenant-{n % 3}", "job_id": n, "payload": "x"}) + "\n"
+            for n in range(10)))
+        exec(code.replace("/data/in/", str(source))
+             .replace("/data/checkpoints/jobs", str(checkpoint)), scope)
+        try:
+            scope["query"].processAllAvailable()
+        finally:
+            scope["query"].stop()
+        assert conn.execute("SELECT count(*) FROM fairq.message").fetchone() == (10 * (i + 1),)
+
+
+def test_the_progress_table_in_the_docs_is_the_sinks() -> None:
+    from fairq.spark import stream
+
+    ddl = re.search(r"^```sql\n(CREATE TABLE .*?)^```", streaming_section(), flags=re.M | re.S)
+    assert ddl is not None
+    table = f"public.{stream.PROGRESS_TABLE}"
+    assert ddl.group(1).split() == stream._CREATE_TABLE.format(table=table).split()

@@ -1,13 +1,17 @@
-"""fairq from Apache Spark: enqueue a DataFrame, read the queue's tables into Spark.
+"""fairq from Apache Spark: enqueue a DataFrame, feed a streaming query into the queue,
+read the queue's tables into Spark.
 
 ``enqueue`` writes each partition of a DataFrame through ``fairq.message_create_batch``
-(one psycopg connection per partition, one transaction per batch). ``read`` loads
-``fairq.channels``, ``fairq.dead_letters`` or ``fairq.message_history`` through Spark's
-JDBC source. Both need a classic (non-Connect) SparkSession; ``read`` needs the
-PostgreSQL JDBC driver on Spark's classpath (``spark.jars``; on Debian the
-``libpostgresql-jdbc-java`` package installs ``/usr/share/java/postgresql.jar``).
+(one psycopg connection per partition, one transaction per batch). ``QueueSink`` (a
+``foreachBatch`` function) and ``stream_to_queue`` write each micro-batch of a
+Structured Streaming query exactly once, also when Spark replays it after a failure
+(see :mod:`fairq.spark.stream`). ``read`` loads ``fairq.channels``,
+``fairq.dead_letters`` or ``fairq.message_history`` through Spark's JDBC source. All
+need a classic (non-Connect) SparkSession; ``read`` needs the PostgreSQL JDBC driver on
+Spark's classpath (``spark.jars``; on Debian the ``libpostgresql-jdbc-java`` package
+installs ``/usr/share/java/postgresql.jar``).
 
-**Retries and exactly-once.** Spark re-runs a failed task from the start of its
+**enqueue under task retries.** Spark re-runs a failed task from the start of its
 partition, and a task may fail after some of its batches were committed. With a dedup
 key per row, the rerun finds those rows still queued and reports them as
 ``duplicate``: every row is enqueued once. Without a dedup key, a retried task
