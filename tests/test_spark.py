@@ -194,6 +194,38 @@ def test_bench_enqueue_reports_a_rate(spark: Any, conn: psycopg.Connection[Any])
     assert landed(conn)[0::2] == (2_000, 2_000)
 
 
+def has_named_queues(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the installed fairq has named queues: message_create_batch takes p_queue."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_proc WHERE pronamespace = 'fairq'::regnamespace"
+        " AND proname = 'message_create_batch' AND 'p_queue' = ANY (proargnames))").fetchone()
+    return bool(row and row[0])
+
+
+def test_enqueue_into_a_named_queue(spark: Any, conn: psycopg.Connection[Any]) -> None:
+    from fairq.spark import enqueue
+
+    if not has_named_queues(conn):
+        pytest.skip("the installed fairq has no named queues (no p_queue)")
+    result = enqueue(jobs(spark, 300, 5), conn.info.dsn, channel="tenant", content="body",
+                     queue="emails", batch_size=100)
+    assert (result.created, result.duplicate, result.dropped) == (300, 0, 0)
+    assert conn.execute("SELECT queue, sum(size)::int FROM fairq.channels GROUP BY queue"
+                        ).fetchall() == [("emails", 300)]
+
+
+def test_a_named_queue_without_named_queues_fails_before_sending(
+        spark: Any, conn: psycopg.Connection[Any]) -> None:
+    from fairq.spark import enqueue
+
+    if has_named_queues(conn):
+        pytest.skip("the installed fairq has named queues")
+    with pytest.raises(RuntimeError, match="no named queues"):
+        enqueue(jobs(spark, 300, 5), conn.info.dsn, channel="tenant", content="body",
+                queue="emails")
+    assert landed(conn)[0] == 0
+
+
 # -- reading --------------------------------------------------------------------------
 
 

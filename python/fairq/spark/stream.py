@@ -1,0 +1,328 @@
+"""A Structured Streaming sink: every micro-batch into the queue exactly once, also when
+Spark replays a batch after a failure.
+
+Spark's ``foreachBatch`` hands the sink ``(batch_df, batch_id)``; after a failure the query
+restarts from its checkpoint and hands it the last, uncommitted batch again, with the
+same id and the same rows (from a replayable source), possibly in another order and
+another partitioning. The sink must then write what the failed attempt did not, and
+nothing twice — even if workers have completed the messages written the first time, so
+dedup keys (which hold only while their message exists) cannot be what decides.
+
+What decides is a progress table written in the same transactions as the messages:
+
+* Each batch is split into ``parts`` by a hash of each row's message fields, so a row's
+  part depends on the row alone: a replay rebuilds exactly the same parts. The batch's
+  first attempt fixes ``parts`` in a batch row (part -1) before any part is written.
+* Each part is written in one transaction that first claims the part (a row keyed by
+  query id, sink name, batch id and part) and ends by recording its counts. So a part's
+  messages exist if and only if its claim was committed, and a concurrent attempt at the
+  same part (a retried, speculative or leftover task) waits for the claim and skips.
+* A replay skips the committed parts and writes the others; when all are committed it
+  runs no Spark job at all.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from psycopg import sql
+
+from fairq.spark.messages import (
+    DEFAULT_QUEUE,
+    MESSAGE_COLUMNS,
+    chunks,
+    create_messages,
+    project,
+    require_queue,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.streaming.query import StreamingQuery
+
+#: The sink's bookkeeping table, created in the schema the sink is given.
+PROGRESS_TABLE = "fairq_spark_sink_progress"
+
+# The local property by which Spark tells a foreachBatch function its query's id; the id
+# is kept in the checkpoint, so it is the same for every run from that checkpoint.
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+# The part number of a batch's own row, which fixes how many parts the batch has.
+_BATCH_ROW = -1
+
+# Rows of the batches before the one running that the table keeps: a killed or
+# speculative attempt of a task of an earlier batch may still be finishing when the next
+# batch starts, and must still find its part claimed. They also show recent batches.
+_KEPT_BATCHES = 10
+
+_CREATE_TABLE = """
+CREATE TABLE IF NOT EXISTS {table} (
+    query_id   text        NOT NULL,
+    sink       text        NOT NULL,
+    batch_id   bigint      NOT NULL,
+    part       int         NOT NULL,
+    parts      int         NOT NULL,
+    created    bigint      NOT NULL DEFAULT 0,
+    duplicate  bigint      NOT NULL DEFAULT 0,
+    dropped    bigint      NOT NULL DEFAULT 0,
+    written_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (query_id, sink, batch_id, part)
+)"""
+
+_TABLE_COMMENT = (
+    "fairq.spark.QueueSink: the parts of each micro-batch written into the queue, each row"
+    " committed in the same transaction as its part's messages (part -1: the batch's"
+    " own row, which fixes how many parts it has)")
+
+
+@dataclass(frozen=True)
+class SinkBatchResult:
+    """What a :class:`QueueSink` did with one micro-batch.
+
+    ``created``, ``duplicate`` and ``dropped`` count the batch's rows by outcome (as
+    :class:`~fairq.spark.EnqueueResult` does), over every attempt at the batch: a
+    replay reports what the earlier attempts committed too. ``parts`` is how many parts
+    the batch was split into, ``skipped`` how many of them an earlier attempt had
+    already committed (``skipped == parts``: a replay that wrote nothing and ran no job).
+    """
+
+    batch_id: int
+    created: int
+    duplicate: int
+    dropped: int
+    parts: int
+    skipped: int
+
+    @property
+    def rows(self) -> int:
+        return self.created + self.duplicate + self.dropped
+
+
+def _table(schema: str) -> sql.Identifier:
+    return sql.Identifier(schema, PROGRESS_TABLE)
+
+
+def ensure_progress_table(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Creates ``schema.fairq_spark_sink_progress`` unless it exists (a role without
+    CREATE on the schema can use one made ahead of time with the same columns)."""
+    table = _table(schema)
+    name = table.as_string(conn)
+    found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [name]).fetchone()
+    if found and found[0]:
+        return
+    with conn.transaction():
+        # CREATE TABLE IF NOT EXISTS still fails when another session creates the same
+        # table at the same moment: the lock makes sinks starting together take turns.
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [name])
+        conn.execute(sql.SQL(_CREATE_TABLE).format(table=table))
+        conn.execute(sql.SQL("COMMENT ON TABLE {table} IS {comment}").format(
+            table=table, comment=sql.Literal(_TABLE_COMMENT)))
+
+
+def _write_part(rows: Iterable[Any], *, dsn: str, schema: str, query_id: str, sink: str,
+                batch_id: int, parts: int, queue: str, batch_size: int) -> None:
+    """Runs on an executor: writes one part of a batch (this task's partition) in one
+    transaction, unless another attempt has committed it."""
+    import psycopg
+    from pyspark import TaskContext
+
+    from fairq.types import CreateStatus
+
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("_write_part runs in a Spark task")
+    part = context.partitionId()
+    key = {"query_id": query_id, "sink": sink, "batch_id": batch_id, "part": part}
+    table = _table(schema)
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        # The claim comes first: an attempt at the same part that is writing now holds
+        # its key until it commits (then this one skips) or rolls back (then this one
+        # writes).
+        claimed = conn.execute(sql.SQL(
+            "INSERT INTO {table} (query_id, sink, batch_id, part, parts) VALUES"
+            " (%(query_id)s, %(sink)s, %(batch_id)s, %(part)s, %(parts)s)"
+            " ON CONFLICT DO NOTHING RETURNING part").format(table=table),
+            {**key, "parts": parts}).fetchone()
+        if claimed is None:
+            # Read the rows anyway: a Python worker that leaves input unread is not reused.
+            collections.deque(rows, maxlen=0)
+            return
+        tally: collections.Counter[CreateStatus] = collections.Counter()
+        for chunk in chunks(rows, batch_size):
+            stray = next((row[-1] for row in chunk if row[-1] != part), None)
+            if stray is not None:
+                # Spark's hash partitioning no longer matches pmod(hash(...)): parts
+                # would then depend on more than the rows, and replays could duplicate.
+                raise RuntimeError(f"a row of part {stray} is in partition {part}")
+            tally += create_messages(conn, chunk, queue)
+        conn.execute(sql.SQL(
+            "UPDATE {table} SET created = %(created)s, duplicate = %(duplicate)s,"
+            " dropped = %(dropped)s WHERE (query_id, sink, batch_id, part)"
+            " = (%(query_id)s, %(sink)s, %(batch_id)s, %(part)s)").format(table=table),
+            {**key, "created": tally[CreateStatus.CREATED],
+             "duplicate": tally[CreateStatus.DUPLICATE], "dropped": tally[CreateStatus.DROPPED]})
+
+
+class QueueSink:
+    """A ``foreachBatch`` function that feeds a streaming query into the queue, each
+    micro-batch exactly once: ``df.writeStream.foreachBatch(QueueSink(dsn, ...))``.
+
+    The fields are those of :func:`~fairq.spark.enqueue`: ``channel``, ``content``,
+    ``dequeue_at``, ``priority`` and ``dedup_key`` (column names or Column expressions;
+    no dedup key is needed for exactly-once), and ``queue``.
+
+    ``name`` tells this sink's progress apart from other sinks of the same query
+    (default: the queue's name). ``progress_schema`` holds the progress table
+    (:data:`PROGRESS_TABLE`, created on first use). ``partitions``: parts per batch, each
+    one transaction on one connection (default: Spark's default parallelism);
+    ``batch_size``: rows per ``fairq.message_create_batch`` call.
+
+    :meth:`write_batch` returns a :class:`SinkBatchResult`, which the sink also keeps
+    as ``last_result``. The sink must run as a streaming query's foreachBatch function
+    (or be called from one), with a checkpoint location: see docs/spark.md for the
+    guarantee and its limits.
+    """
+
+    def __init__(self, dsn: str, *, channel: str | Column, content: str | Column,
+                 dequeue_at: str | Column | None = None, priority: str | Column | None = None,
+                 dedup_key: str | Column | None = None, queue: str = DEFAULT_QUEUE,
+                 name: str | None = None, progress_schema: str = "public",
+                 partitions: int | None = None, batch_size: int = 1000) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if partitions is not None and partitions < 1:
+            raise ValueError("partitions must be at least 1")
+        if name == "":
+            raise ValueError("name must not be empty")
+        self.dsn = dsn
+        self.channel, self.content = channel, content
+        self.dequeue_at, self.priority, self.dedup_key = dequeue_at, priority, dedup_key
+        self.queue = queue
+        self.name = queue if name is None else name
+        self.progress_schema = progress_schema
+        self.partitions = partitions
+        self.batch_size = batch_size
+        self.last_result: SinkBatchResult | None = None
+        self._checked = False
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        """The foreachBatch function: :meth:`write_batch`."""
+        self.write_batch(batch_df, batch_id)
+
+    def write_batch(self, batch_df: DataFrame, batch_id: int) -> SinkBatchResult:
+        """Writes micro-batch ``batch_id`` (what an earlier attempt at it has not
+        committed) and reports on the whole batch."""
+        import psycopg
+
+        query_id = batch_df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
+        if query_id is None:
+            raise RuntimeError("a QueueSink writes the micro-batches of a streaming query"
+                               " (writeStream.foreachBatch(sink)), and Spark names no running"
+                               f" query on this thread (local property {_QUERY_ID_PROPERTY})")
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            if not self._checked:
+                require_queue(conn, self.queue)
+                ensure_progress_table(conn, self.progress_schema)
+                self._checked = True
+            parts, committed = self._begin(
+                conn, query_id, batch_id,
+                self.partitions or batch_df.sparkSession.sparkContext.defaultParallelism)
+            if committed < parts:
+                self._write(batch_df, query_id, batch_id, parts)
+            result = self._result(conn, query_id, batch_id, parts, committed)
+        self.last_result = result
+        return result
+
+    def _key(self, query_id: str, batch_id: int) -> dict[str, Any]:
+        return {"query_id": query_id, "sink": self.name, "batch_id": batch_id}
+
+    def _begin(self, conn: psycopg.Connection[Any], query_id: str, batch_id: int,
+               parts: int) -> tuple[int, int]:
+        """Records the batch (unless an earlier attempt did) and returns its number of
+        parts (the first attempt's) and how many of them are committed."""
+        table = _table(self.progress_schema)
+        key = {**self._key(query_id, batch_id), "parts": parts, "kept": _KEPT_BATCHES}
+        match = "query_id = %(query_id)s AND sink = %(sink)s"
+        with conn.transaction():
+            newest = conn.execute(sql.SQL(f"SELECT max(batch_id) FROM {{table}} WHERE {match}")
+                                  .format(table=table), key).fetchone()
+            if newest and newest[0] is not None and newest[0] > batch_id:
+                raise RuntimeError(
+                    f"sink {self.name!r} of query {query_id} has written batch {newest[0]},"
+                    f" and Spark asks for batch {batch_id}: the checkpoint was rewound. To"
+                    f" write those batches again, delete the sink's rows from"
+                    f" {table.as_string(conn)}")
+            conn.execute(sql.SQL(f"DELETE FROM {{table}} WHERE {match}"
+                                 " AND batch_id < %(batch_id)s - %(kept)s").format(table=table),
+                         key)
+            conn.execute(sql.SQL(
+                "INSERT INTO {table} (query_id, sink, batch_id, part, parts)"
+                f" VALUES (%(query_id)s, %(sink)s, %(batch_id)s, {_BATCH_ROW}, %(parts)s)"
+                " ON CONFLICT DO NOTHING").format(table=table), key)
+            row = conn.execute(sql.SQL(
+                f"SELECT max(parts) FILTER (WHERE part = {_BATCH_ROW}),"
+                f" count(*) FILTER (WHERE part <> {_BATCH_ROW})"
+                f" FROM {{table}} WHERE {match} AND batch_id = %(batch_id)s").format(table=table),
+                key).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    def _write(self, batch_df: DataFrame, query_id: str, batch_id: int, parts: int) -> None:
+        """Runs the Spark job that writes the batch's parts, one task each."""
+        from pyspark.sql import functions as F
+
+        rows = project(batch_df, self.channel, self.content, self.dequeue_at, self.priority,
+                       self.dedup_key)
+        hashed = [F.col(name) for name in MESSAGE_COLUMNS]
+        # repartition(n, cols) puts a row in partition pmod(hash(cols), n): each partition
+        # is then one part, a function of the rows alone. The part column lets each task
+        # check that.
+        (rows.repartition(parts, *hashed)
+         .withColumn("part", F.pmod(F.hash(*hashed), F.lit(parts)))
+         .foreachPartition(partial(
+             _write_part, dsn=self.dsn, schema=self.progress_schema, query_id=query_id,
+             sink=self.name, batch_id=batch_id, parts=parts, queue=self.queue,
+             batch_size=self.batch_size)))
+
+    def _result(self, conn: psycopg.Connection[Any], query_id: str, batch_id: int,
+                parts: int, skipped: int) -> SinkBatchResult:
+        row = conn.execute(sql.SQL(
+            "SELECT count(*), coalesce(sum(created), 0), coalesce(sum(duplicate), 0),"
+            " coalesce(sum(dropped), 0) FROM {table} WHERE query_id = %(query_id)s"
+            f" AND sink = %(sink)s AND batch_id = %(batch_id)s AND part <> {_BATCH_ROW}")
+            .format(table=_table(self.progress_schema)), self._key(query_id, batch_id)).fetchone()
+        assert row is not None
+        written, created, duplicate, dropped = (int(v) for v in row)
+        if written != parts:
+            raise RuntimeError(f"batch {batch_id}: {written} of its {parts} parts are written")
+        return SinkBatchResult(batch_id, created, duplicate, dropped, parts, skipped)
+
+
+def stream_to_queue(df: DataFrame, dsn: str, *, checkpoint_location: str,
+                    channel: str | Column, content: str | Column,
+                    dequeue_at: str | Column | None = None, priority: str | Column | None = None,
+                    dedup_key: str | Column | None = None, queue: str = DEFAULT_QUEUE,
+                    name: str | None = None, progress_schema: str = "public",
+                    partitions: int | None = None, batch_size: int = 1000,
+                    trigger: Mapping[str, Any] | None = None,
+                    query_name: str | None = None) -> StreamingQuery:
+    """Starts a streaming query that feeds the streaming DataFrame ``df`` into the queue
+    through a :class:`QueueSink` (the same arguments), checkpointed at
+    ``checkpoint_location``, and returns it. ``trigger``: the keyword arguments of
+    ``DataStreamWriter.trigger``, e.g. ``{"processingTime": "10 seconds"}`` or
+    ``{"availableNow": True}`` (default: Spark's, a batch as soon as the last ends)."""
+    sink = QueueSink(dsn, channel=channel, content=content, dequeue_at=dequeue_at,
+                     priority=priority, dedup_key=dedup_key, queue=queue, name=name,
+                     progress_schema=progress_schema, partitions=partitions,
+                     batch_size=batch_size)
+    writer = df.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint_location)
+    if query_name is not None:
+        writer = writer.queryName(query_name)
+    if trigger is not None:
+        writer = writer.trigger(**trigger)
+    return writer.start()
