@@ -82,6 +82,17 @@ def test_cron_times_are_utc_unless_a_time_zone_is_given() -> None:
         == at("2026-03-29T06:00:00+00:00")
 
 
+def test_a_time_zone_follows_debian_crons_dst_rules() -> None:
+    night = cron("30 3 * * *", "Europe/Riga")
+    # Spring (2026-03-29): 03:00 jumps to 04:00; the skipped 03:30 runs at 04:00.
+    assert night.next_after(at("2026-03-28T01:30:00+00:00"), at("2026-03-28T01:30:01+00:00")) \
+        == at("2026-03-29T01:00:00+00:00")
+    # Autumn (2026-10-25): 04:00 goes back to 03:00; 03:30 comes twice and runs once.
+    first = night.next_after(at("2026-10-24T00:30:00+00:00"), at("2026-10-24T00:30:01+00:00"))
+    assert first == at("2026-10-25T00:30:00+00:00")  # 03:30 summer time
+    assert night.next_after(first, first) == at("2026-10-26T01:30:00+00:00")  # not 01:30 on the 25th
+
+
 def test_missed_ticks_are_skipped_not_replayed() -> None:
     every5 = cron("*/5 * * * *")
     due = at("2026-11-23T10:00:00+00:00")
