@@ -33,7 +33,7 @@ from cronsim import CronSim, CronSimError
 from fairq import _sql
 from fairq.types import CreateResult, ReceivedMessage, SettleStatus
 
-__all__ = ["PERIODIC_CHANNEL", "Schedule", "Tick", "TickResult", "schedule", "tick"]
+__all__ = ["PERIODIC_CHANNEL", "Refused", "Schedule", "Tick", "TickResult", "schedule", "tick"]
 
 PERIODIC_CHANNEL = "fairq.periodic"
 UTC = timezone.utc
