@@ -25,14 +25,14 @@ def weights_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
     its weight (SPEC: at most 1), and each channel's share of the whole run."""
     out: dict[str, Any] = {}
     round_size = sum(WEIGHTS.values())
+    backlog = [channel for channel, weight in WEIGHTS.items()
+               for _ in range(weight * (sizes.weight_rounds + 1))]
     for mode, per_call in (("single", 1), ("batched", sizes.batch)):
         reset(dsn)
         with connect(dsn) as conn:
             for channel, weight in WEIGHTS.items():
                 conn.execute("SELECT fairq.channel_set(%s, p_weight => %s)", (channel, weight))
-        backlog = [channel for channel, weight in WEIGHTS.items()
-                   for _ in range(weight * (sizes.weight_rounds + 1))]
-        load(dsn, lambda i: backlog[i], len(backlog), sizes)
+        load(dsn, backlog.__getitem__, len(backlog), sizes)
         served: list[str] = []
         with connect(dsn) as conn:
             while len(served) < sizes.weight_rounds * round_size:
