@@ -16,7 +16,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from fairq import _sql, periodic
+from fairq import _sql, _timestamps, periodic
 from fairq._source import conninfo_of
 from fairq.codecs import BytesCodec, Codec
 from fairq.types import (
@@ -123,6 +123,7 @@ class AsyncQueue(Generic[T]):
             async with self.connection() as own:
                 return await self._run(call, own)
         async with conn.cursor(row_factory=tuple_row) as cur:
+            _timestamps.register(cur)
             await cur.execute(call.query, call.params)
             return call.decode(await cur.fetchall())
 

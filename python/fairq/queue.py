@@ -19,7 +19,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
-from fairq import _sql, periodic
+from fairq import _sql, _timestamps, periodic
 from fairq._source import conninfo_of
 from fairq.codecs import BytesCodec, Codec
 from fairq.types import (
@@ -129,6 +129,7 @@ class Queue(Generic[T]):
             with self.connection() as own:
                 return self._run(call, own)
         with conn.cursor(row_factory=tuple_row) as cur:
+            _timestamps.register(cur)
             return call.decode(cur.execute(call.query, call.params).fetchall())
 
     # -- channels -------------------------------------------------------------------
