@@ -10,6 +10,9 @@ locked until its lock expires, then it is delivered again and the tick happens o
 
 The driver keeps its row forever, so its ``num_attempts`` grows by one per tick: give
 ``fairq.periodic`` no ``max_attempts``.
+
+Schedules belong to a queue: the driver is a message of the queue it was scheduled
+in, and its ticks' work goes to the queue whose worker received it, the same one.
 """
 
 from __future__ import annotations
@@ -53,14 +56,15 @@ class Schedule:
                    priority=doc["priority"])
 
 
-def schedule(name: str, interval: timedelta, channel: str, content: bytes, *,
+def schedule(name: str, interval: timedelta, channel: str, content: bytes, *, queue: str,
              start_at: datetime | None, priority: int) -> _sql.Call[CreateResult]:
-    """The call that creates the driver of schedule ``name`` (first tick at ``start_at``)."""
+    """The call that creates the driver of schedule ``name`` in ``queue`` (first tick at
+    ``start_at``)."""
     if interval <= timedelta(0):
         raise ValueError(f"interval must be positive, got {interval}")
     driver = Schedule(name, interval, channel, content, priority)
-    return _sql.create(PERIODIC_CHANNEL, driver.encode(), dequeue_at=start_at, delay=None,
-                       priority=0, dedup_key=name)
+    return _sql.create(PERIODIC_CHANNEL, driver.encode(), queue=queue, dequeue_at=start_at,
+                       delay=None, priority=0, dedup_key=name)
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,10 @@ class Tick:
     reschedule: _sql.Call[SettleStatus]
 
 
-def tick(driver: ReceivedMessage[Any], now: datetime) -> Tick:
-    """The tick a received driver stands for. Ticks missed while no worker ran are not
-    replayed: the next one is the first tick of the schedule's grid after ``now``."""
+def tick(driver: ReceivedMessage[Any], now: datetime, queue: str) -> Tick:
+    """The tick a driver received from ``queue`` stands for. Ticks missed while no
+    worker ran are not replayed: the next one is the first tick of the schedule's grid
+    after ``now``."""
     sched = Schedule.decode(driver.raw)
     due_at = driver.dequeue_at
     missed = max(0, (now - due_at) // sched.interval)
@@ -85,7 +90,7 @@ def tick(driver: ReceivedMessage[Any], now: datetime) -> Tick:
     # Keyed by tick, so the same tick never has two work messages pending at once. The
     # driver's id, not the name, keeps the key short whatever the name's length.
     work_key = f"{PERIODIC_CHANNEL}:{driver.id}@{due_at.isoformat()}"
-    work = _sql.create(sched.channel, sched.content, dequeue_at=None, delay=None,
+    work = _sql.create(sched.channel, sched.content, queue=queue, dequeue_at=None, delay=None,
                        priority=sched.priority, dedup_key=work_key)
     reschedule = _sql.defer(driver.id, driver.num_attempts, dequeue_at=next_at, delay=None,
                             state=None)

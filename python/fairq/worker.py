@@ -248,7 +248,7 @@ class Worker(Generic[T]):
                         expected.value, status.value)
 
     def _tick(self, driver: Message[T]) -> None:
-        tick = periodic.tick(driver, datetime.now(timezone.utc))
+        tick = periodic.tick(driver, datetime.now(timezone.utc), self.queue.name)
         try:
             with self.queue.transaction() as conn:
                 work = self.queue._run(tick.work, conn)
