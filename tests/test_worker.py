@@ -211,8 +211,10 @@ def test_periodic_schedule_enqueues_work_each_tick(queue: Queue[bytes], dsn: str
 
 def _worker_process(dsn: str, marks: Path, *options: str) -> subprocess.Popen[bytes]:
     """A `fairq worker` process running worker_handlers.gated: each delivery runs until
-    the test creates ``marks/release``. Its log goes to ``marks/worker.log``."""
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "FAIRQ_TEST_MARKS": str(marks)}
+    the test creates ``marks/release``. Its log goes to ``marks/worker.log``. The child
+    imports fairq from where this process does."""
+    path = os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "FAIRQ_TEST_MARKS": str(marks)}
     with open(marks / "worker.log", "ab") as log:  # the child keeps its own copy
         return subprocess.Popen([str(FAIRQ), "--dsn", dsn, "worker", "worker_handlers:gated",
                                  "--poll", "0.2", *options], env=env, stderr=log)
