@@ -214,15 +214,18 @@ def test_enqueue_into_a_named_queue(spark: Any, conn: psycopg.Connection[Any]) -
                         ).fetchall() == [("emails", 300)]
 
 
-def test_a_named_queue_without_named_queues_fails_before_sending(
-        spark: Any, conn: psycopg.Connection[Any]) -> None:
+@pytest.mark.parametrize("queue", ["emails", "default"])
+def test_without_named_queues_enqueue_fails_before_sending(
+        spark: Any, conn: psycopg.Connection[Any], queue: str) -> None:
+    """The package names the queue in every call, the default one too: on a fairq before
+    0.7.0 (FAIRQ_TEST_EXTENSION_VERSION=0.6.0) enqueue says so before any task runs."""
     from fairq.spark import enqueue
 
     if has_named_queues(conn):
         pytest.skip("the installed fairq has named queues")
     with pytest.raises(RuntimeError, match="no named queues"):
         enqueue(jobs(spark, 300, 5), conn.info.dsn, channel="tenant", content="body",
-                queue="emails")
+                queue=queue)
     assert landed(conn)[0] == 0
 
 
