@@ -271,6 +271,21 @@ def lifecycle(conn: psycopg.Connection[Any]) -> int:
     return 32 + sum(status is CancelStatus.CANCELLED for status in cancelled)
 
 
+def test_reads_name_the_queue_and_a_pause_until_resumed(spark: Any,
+                                                        conn: psycopg.Connection[Any]) -> None:
+    from fairq.spark import read
+
+    emails = Queue(conn, name="emails")
+    emails.channel_set("a", weight=4)
+    emails.send("a", b"x")
+    emails.channel_pause("a")
+    url, props = jdbc_url(conn.info.dsn), jdbc_properties(conn.info.dsn)
+    [row] = read(spark, url, "channels", properties=props).collect()
+    assert (row["queue"], row["channel"], row["weight"]) == ("emails", "a", 4)
+    # 'infinity' is Spark's largest timestamp, as it is datetime.max for the binding.
+    assert row["paused_until"].year == row["next_dequeue_at"].year == 9999
+
+
 def test_reads_return_what_sql_returns(spark: Any, conn: psycopg.Connection[Any]) -> None:
     from fairq.spark import read
 
@@ -340,7 +355,9 @@ def known_history(conn: psycopg.Connection[Any]) -> None:
         attempts = 0 if first is None else rnd.choice([1, 1, 1, 2, 3])
         rows.append((i + 1, channel, rnd.randrange(3), created, first, settled, attempts, outcome))
     with conn.cursor() as cur:
-        cur.executemany("INSERT INTO fairq.message_history VALUES (%s,%s,%s,%s,%s,%s,%s,%s)", rows)
+        cur.executemany("INSERT INTO fairq.message_history (id, queue, channel, priority, created_at,"
+                        " first_dequeued_at, settled_at, num_attempts, outcome)"
+                        " VALUES (%s,'default',%s,%s,%s,%s,%s,%s,%s)", rows)
 
 
 FIGURES = """
