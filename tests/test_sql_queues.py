@@ -20,7 +20,6 @@ from sqlq import (
     create_many,
     dequeue,
     dequeue_one,
-    drain,
     problems,
     travel,
 )
