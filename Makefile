@@ -41,6 +41,7 @@ PG_ENV = PG_CONFIG="$(PG_CONFIG)" PATH="$$($(PG_CONFIG) --bindir):$$PATH"
 # Spark, the bench and the demo are not about the server version: CI runs them on
 # one version only (make test); make test-core leaves them out.
 ONE_VERSION_ONLY = --ignore=tests/test_spark.py --ignore=tests/test_readme_spark.py \
+                   --ignore=tests/test_spark_stream.py \
                    --ignore=tests/test_bench.py \
                    --deselect=tests/test_readme_examples.py::test_demo_runs_and_reports_no_loss
 PYTEST_ARGS ?=

@@ -368,16 +368,24 @@ BEGIN
                    turn_given_at = CASE WHEN n.turn_at = fairq.in_rotation() THEN v_now END,
                    turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL,
                                                   v_turn_seqs[array_position(v_picked, c.id)])
-              FROM (SELECT s.channel_id, p.due_at,
-                           fairq.served_turn_at(k.turn_at,
-                                                fairq.next_turn(NULL, p.due_at, v_now, k.release_interval_ms,
-                                                                k.in_flight + 1, k.max_concurrency,
-                                                                k.paused_until, v_now),
-                                                v_now) AS turn_at
-                      FROM unnest(v_served) AS s(channel_id)
-                      JOIN fairq.channel k ON k.id = s.channel_id
-                     CROSS JOIN LATERAL fairq.pending_due_at(s.channel_id) AS p
-                    OFFSET 0) n  -- keeps n.due_at a plain column, so next_turn is inlined
+              FROM (SELECT x.channel_id, x.due_at,
+                           fairq.served_turn_at(x.turn_at, x.next_turn, v_now) AS turn_at
+                      FROM (SELECT s.channel_id, p.due_at, k.turn_at,
+                                   fairq.next_turn(NULL, p.due_at, v_now, k.release_interval_ms,
+                                                   k.in_flight + 1, k.max_concurrency,
+                                                   k.paused_until, v_now) AS next_turn
+                              FROM unnest(v_served) AS s(channel_id)
+                             CROSS JOIN LATERAL (SELECT k.* FROM fairq.channel k
+                                                  WHERE k.id = s.channel_id OFFSET 0) k
+                             CROSS JOIN LATERAL (SELECT p.due_at FROM fairq.pending_due_at(s.channel_id) p
+                                                 OFFSET 0) p
+                            OFFSET 0) x
+                    OFFSET 0) n
+               -- (Every OFFSET 0 keeps its subquery apart: the channels are looked up one
+               -- by one, by id; the pending due time is read once; and next_turn and
+               -- served_turn_at get plain columns, since a SQL function is inlined only
+               -- when an argument it reads twice is cheap: planned again at every row,
+               -- they made this statement five times slower.)
              WHERE c.id = ANY (v_served) AND c.id = n.channel_id
             RETURNING c.*
         LOOP

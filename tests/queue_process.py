@@ -2,12 +2,14 @@
 
     python queue_process.py '<json config>'
 
-Producer: creates ``count`` messages on random channels in small batches. With
+Producer: creates ``count`` messages on random channels in small batches, each batch
+on a random one of its ``queues`` (default: the default queue). With
 ``log_table`` it records the ids in the test's ``created`` table in the same
 transaction (transactional enqueue); with ``ids_file`` it appends the ids to a file
 only after the commit has returned.
 
-Worker: dequeues (random batch sizes), "works" a few milliseconds per message, defers
+Worker: dequeues from its ``queue`` (random batch sizes), "works" a few milliseconds
+per message, defers
 a few, and completes the rest. A completion is recorded in the ``completion`` table in
 the same transaction as ``message_complete`` and only when it answered 'completed',
 so the table says exactly which completions took effect; with ``ids_file`` the id is
@@ -70,16 +72,17 @@ def producer(cfg: dict[str, Any]) -> None:
         channels = [rnd.choice(cfg["channels"]) for _ in range(size)]
         contents = [f"{cfg['name']}-{made + i}".encode() for i in range(size)]
         priorities = [rnd.choice([0, 0, 0, 1, 5]) for _ in range(size)]
+        queue = rnd.choice(cfg.get("queues", ["default"]))
         try:
             with conn.transaction():
                 rows = conn.execute(
-                    "SELECT id, status FROM fairq.message_create_batch(%s, %s, NULL, %s)",
-                    (channels, contents, priorities)).fetchall()
+                    "SELECT id, status FROM fairq.message_create_batch(%s, %s, NULL, %s, NULL, %s)",
+                    (channels, contents, priorities, queue)).fetchall()
                 assert all(status == "created" for _, status in rows), rows
                 if cfg.get("log_table"):
-                    conn.execute("INSERT INTO created (id, channel)"
-                                 " SELECT * FROM unnest(%s::bigint[], %s::text[])",
-                                 ([r[0] for r in rows], channels))
+                    conn.execute("INSERT INTO created (id, channel, queue)"
+                                 " SELECT u.*, %s FROM unnest(%s::bigint[], %s::text[]) AS u",
+                                 (queue, [r[0] for r in rows], channels))
         except psycopg.OperationalError:
             conn = connect(cfg["dsn"], deadline)  # outcome unknown: nothing recorded
             continue
@@ -107,11 +110,12 @@ def worker(cfg: dict[str, Any]) -> None:
     conn = connect(cfg["dsn"], deadline)
     taken = 0  # messages picked up so far (deliveries)
     stop_after = cfg.get("stop_after")
+    queue = cfg.get("queue", "default")
     while time.time() < deadline:
         try:
             rows = conn.execute(
-                "SELECT id, channel, num_attempts, recovered FROM fairq.message_dequeue(%s, %s)",
-                (cfg["lock_ms"], rnd.randint(1, cfg.get("max_batch", 3)))).fetchall()
+                "SELECT id, channel, num_attempts, recovered FROM fairq.message_dequeue(%s, %s, %s)",
+                (cfg["lock_ms"], rnd.randint(1, cfg.get("max_batch", 3)), queue)).fetchall()
             if not rows:
                 time.sleep(0.01)
                 continue
@@ -139,8 +143,8 @@ def worker(cfg: dict[str, Any]) -> None:
                                           (mid, attempts)).fetchone()[0]  # type: ignore[index]
                     if status == "completed":
                         conn.execute("INSERT INTO completion (id, channel, attempts, recovered,"
-                                     " worker) VALUES (%s, %s, %s, %s, %s)",
-                                     (mid, channel, attempts, recovered, cfg["name"]))
+                                     " worker, queue) VALUES (%s, %s, %s, %s, %s, %s)",
+                                     (mid, channel, attempts, recovered, cfg["name"], queue))
                     if stop_at == ("committing", i):
                         # Completed in the open transaction, not committed: a kill now
                         # must leave the message locked, to be delivered again.

@@ -46,7 +46,7 @@ POSITIVE = (
 )
 
 # The tenant axis and the churn soak have a test of their own (below).
-CLASSIC = tuple(s for s in SCENARIOS if s not in ("tenants", "churn"))
+CLASSIC = tuple(s for s in SCENARIOS if s not in ("tenants", "churn", "weights", "queues"))
 TENANT_KEYS = ("single_vs_floor", "batched_vs_floor", "single_msgs_per_s", "batched_msgs_per_s",
                "floor_single_msgs_per_s", "floor_batched_msgs_per_s")
 
@@ -257,3 +257,19 @@ def test_sigterm_removes_the_throwaway_cluster() -> None:
         for left in base.glob("fairq-pg-*"):  # a failed run must not leak a server
             Cluster(base=left).remove()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@needs_pgbench
+def test_weights_and_queue_isolation_report_their_keys(dsn: str) -> None:
+    lines: list[str] = []
+    results = clean(bench.run(dsn, bench.TINY, log=lines.append, scenarios=("weights", "queues")))
+    weights = results["weights"]
+    # SPEC behaviour 1: any 55 consecutive deliveries hold each weight +- 1.
+    assert weights["max_window_deviation"] <= 1
+    for mode in ("single", "batched"):
+        assert weights[mode]["deliveries"] == 3 * 55
+        assert abs(sum(weights[mode]["shares"].values()) - 1) < 1e-9
+    assert _finite(results["queue_isolation_latency_ratio"])
+    assert results["details"]["queues"]["deep_messages"] == bench.TINY.queue_deep
+    assert "small queue latency" in table(results)
+    assert check(dsn) == []

@@ -1,4 +1,4 @@
-"""Concurrency: several producer and worker *processes* on one queue, with crashes.
+"""Concurrency: several producer and worker *processes* on two queues, with crashes.
 
 Worker processes (tests/queue_process.py) are killed with SIGKILL and replaced: each
 stops itself after picking up a random number of messages, at a random point where it
@@ -10,7 +10,9 @@ snapshot each time, every channel's in_flight counter and its actually locked
 messages, and runs fairq.check() now and then. At the end:
 
 * every created message was completed exactly once (completions are recorded in
-  the same transaction as message_complete, and only when it answered 'completed');
+  the same transaction as message_complete, and only when it answered 'completed'),
+  by a worker of its own queue (producers spread batches over two queues, and each
+  worker serves one; the channel names are the same in both);
 * nothing was lost and the queue is empty;
 * no channel ever had more messages in flight than its max_concurrency (SPEC §2.2),
   and a capped channel's in_flight always equalled its number of locked messages;
@@ -41,9 +43,11 @@ import pytest
 SCRIPT = Path(__file__).with_name("queue_process.py")
 
 TABLES = """
-CREATE TABLE created (id bigint PRIMARY KEY, channel text NOT NULL);
+CREATE TABLE created (id bigint PRIMARY KEY, channel text NOT NULL,
+                      queue text NOT NULL DEFAULT 'default');
 CREATE TABLE completion (id bigint NOT NULL, channel text NOT NULL, attempts bigint NOT NULL,
-                         recovered boolean NOT NULL, worker text NOT NULL);
+                         recovered boolean NOT NULL, worker text NOT NULL,
+                         queue text NOT NULL DEFAULT 'default');
 """
 
 
@@ -80,7 +84,8 @@ class Monitor:
             last_check = 0.0
             while not self._stop.is_set():
                 rows = conn.execute("""
-                    SELECT c.name, c.max_concurrency, c.in_flight, coalesce(l.n, 0)
+                    SELECT c.queue_id || '/' || c.name, c.max_concurrency, c.in_flight,
+                           coalesce(l.n, 0)
                       FROM fairq.channel c
                       LEFT JOIN (SELECT channel_id, count(*)::int AS n FROM fairq.message
                                   WHERE status = 'locked' GROUP BY channel_id) l
@@ -136,7 +141,8 @@ def stopped(proc: subprocess.Popen[bytes]) -> bool:
 
 def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: list[str],
              caps: dict[str, int], per_producer: int, producers: int = 2, workers: int = 4,
-             stop_after: tuple[int, int] = (30, 120), seed: int = 0) -> dict[str, int]:
+             stop_after: tuple[int, int] = (30, 120), seed: int = 0,
+             queues: tuple[str, ...] = ("default", "other")) -> dict[str, int]:
     """Runs producers and workers until every message is completed. Each worker stops
     itself once it has picked up a random number (``stop_after``) of messages, at a
     point where it holds some (see queue_process.py); the test then checks in the
@@ -151,22 +157,27 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
     assert workers * stop_after[1] < total, "the run could finish without a kill"
     rnd = random.Random(seed)
     for name, cap in caps.items():
-        db.execute("SELECT fairq.channel_set(%s, %s)", (name, cap))
+        for queue in queues:
+            db.execute("SELECT fairq.channel_set(%s, %s, p_queue => %s)", (name, cap, queue))
     deadline = time.time() + 300  # a safety net: processes stop on their own
     base = {"dsn": dsn, "deadline": deadline}
     prods = [spawn({**base, "role": "producer", "name": f"p{i}", "seed": seed * 100 + i,
-                    "channels": channels, "count": per_producer, "log_table": True,
+                    "channels": channels, "queues": list(queues), "count": per_producer,
+                    "log_table": True,
                     "pause": 0.004}, logdir) for i in range(producers)]
     serial = 0
 
-    def new_worker() -> subprocess.Popen[bytes]:
+    def new_worker(queue: str) -> subprocess.Popen[bytes]:
+        """A worker of ``queue`` (a killed worker's replacement serves its queue)."""
         nonlocal serial
         serial += 1
         return spawn({**base, "role": "worker", "name": f"w{serial}", "seed": seed * 100 + serial,
+                      "queue": queue,
                       "lock_ms": 1000, "work_ms": 4, "defer_p": 0.03, "max_batch": 3,
                       "stop_after": rnd.randint(*stop_after), "logdir": str(logdir)}, logdir)
 
-    pool = [new_worker() for _ in range(workers)]
+    pool = [new_worker(queues[i % len(queues)]) for i in range(workers)]
+    queue_of = [queues[i % len(queues)] for i in range(workers)]
     names = {p.pid: f"w{i + 1}" for i, p in enumerate(pool)}
     monitor = Monitor(dsn).start()
     killed = 0
@@ -199,7 +210,7 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
                 killed += 1
                 held_at_kills += len(held)
                 killed_holding += locked > 0
-                pool[i] = new_worker()
+                pool[i] = new_worker(queue_of[i])
                 names[pool[i].pid] = f"w{serial}"
             if (all(p.poll() is not None for p in prods) and remaining() == 0
                     and monitor.samples > 0):
@@ -224,6 +235,9 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
         "lost": one("SELECT count(*) FROM created c"
                     " WHERE NOT EXISTS (SELECT 1 FROM completion d WHERE d.id = c.id)"),
         "duplicated completions": one("SELECT count(*) - count(DISTINCT id) FROM completion"),
+        "completed by another queue's worker": one(
+            "SELECT count(*) FROM completion d JOIN created c ON c.id = d.id"
+            " WHERE c.queue <> d.queue"),
         "completed but never created": one(
             "SELECT count(*) FROM completion d WHERE NOT EXISTS"
             " (SELECT 1 FROM created c WHERE c.id = d.id)"),
@@ -249,6 +263,7 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
           f"; highest in flight on capped channels: "
           f"{ {k: v for k, v in sorted(monitor.max_seen.items())[:6]} }")
     must_be_zero = ("lost", "duplicated completions", "completed but never created",
+                    "completed by another queue's worker",
                     "left in queue", "dead letters", "cap violations", "in_flight drift samples",
                     "check() problems during load")
     details = (f"cap violations {monitor.cap_violations[:5]}, drift {monitor.counter_drift[:5]},"

@@ -2,7 +2,8 @@
 
 The test runs on its own cluster with fsync and synchronous_commit on (the session
 cluster runs with fsync off, which is not crash-safe). Producer and worker processes
-(tests/queue_process.py) record ids in files only after their commit returned:
+(tests/queue_process.py), on two queues, record ids in files only after their commit
+returned:
 producers the ids they created, workers the ids they completed (workers also record
 each completion in a table, in the same transaction as message_complete). After the
 crash and restart:
@@ -52,13 +53,18 @@ def ids_in(files: list[Path]) -> list[int]:
     return out
 
 
+QUEUES = ("default", "other")
+
+
 def test_committed_work_survives_a_database_crash(crash_cluster: Cluster, tmp_path: Path) -> None:
     dsn = crash_cluster.dsn("postgres")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION fairq")
         conn.execute("CREATE TABLE completion (id bigint NOT NULL, channel text NOT NULL,"
-                     " attempts bigint NOT NULL, recovered boolean NOT NULL, worker text NOT NULL)")
-        conn.execute("SELECT fairq.channel_set('capped', 2)")
+                     " attempts bigint NOT NULL, recovered boolean NOT NULL, worker text NOT NULL,"
+                     " queue text NOT NULL)")
+        for queue in QUEUES:
+            conn.execute("SELECT fairq.channel_set('capped', 2, p_queue => %s)", (queue,))
 
     channels = ["a", "b", "c", "capped"] + [f"x{i}" for i in range(20)]
     deadline = time.time() + 300  # a safety net: the processes stop on their own
@@ -69,11 +75,13 @@ def test_committed_work_survives_a_database_crash(crash_cluster: Cluster, tmp_pa
     # machine's speed, the crash comes before they are done, and they must reconnect.
     gate = tmp_path / "crashed"
     procs = [spawn({**base, "role": "producer", "name": f"p{i}", "seed": i, "channels": channels,
-                    "count": 400, "ids_file": str(produced[i]), "pause": 0.004,
-                    "gate_at": 300, "gate_file": str(gate)}, tmp_path)
+                    "queues": list(QUEUES), "count": 400, "ids_file": str(produced[i]),
+                    "pause": 0.004, "gate_at": 300, "gate_file": str(gate)}, tmp_path)
              for i in range(2)]
+    # Two workers on the default queue, one on the other: each queue drains on its own.
     procs += [spawn({**base, "role": "worker", "name": f"w{i}", "seed": 10 + i, "lock_ms": 2000,
-                     "work_ms": 3, "defer_p": 0.03, "ids_file": str(completed[i])}, tmp_path)
+                     "work_ms": 3, "defer_p": 0.03, "ids_file": str(completed[i]),
+                     "queue": QUEUES[i % 2]}, tmp_path)
               for i in range(3)]
     try:
         # Crash in the middle of the load, by progress: once 200 creates and 60
@@ -104,6 +112,9 @@ def test_committed_work_survives_a_database_crash(crash_cluster: Cluster, tmp_pa
             lost = created_all - {r[0] for r in conn.execute("SELECT id FROM completion")}
             problems_at_end = conn.execute("SELECT * FROM fairq.check()").fetchall()
             dead = conn.execute("SELECT count(*) FROM fairq.dead_letter").fetchone()
+            # Each queue was drained by its own workers.
+            by_queue = dict(conn.execute("SELECT queue, count(*) FROM completion GROUP BY queue"
+                                         ).fetchall())
     finally:
         for p in procs:
             if p.poll() is None:
@@ -125,6 +136,7 @@ def test_committed_work_survives_a_database_crash(crash_cluster: Cluster, tmp_pa
     assert len(created_all) == 800
     assert lost == set()
     assert done[0] == done[1]
+    assert set(by_queue) == set(QUEUES)  # both queues were served
     assert problems_at_end == []
 
 

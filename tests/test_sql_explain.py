@@ -162,3 +162,31 @@ def test_plans_cached_while_the_queue_was_empty_stay_index_lookups(server: Serve
                 assert_index_only(plans)
     finally:
         server.drop_database(name)
+
+
+ACTUAL_ROWS = re.compile(r"\(actual time=[\d.]+\.\.[\d.]+ rows=(\d+) loops=(\d+)\)")
+
+
+def test_a_small_queue_beside_a_deep_one_reads_only_its_own_rows(loaded: Conn) -> None:
+    """100k messages in 10k channels wait in the default queue (some of them locked and
+    expired, some of them woken): a dequeue of another queue with three messages reads
+    none of them. Every scan of a queue table is an index lookup keyed by the queue,
+    and none returns more rows than the small queue holds."""
+    dequeue(loaded, lock_ms=10, n=20)  # expired locks in the deep queue
+    loaded.execute("SELECT fairq.message_create('tenant-3', 'woken')")
+    for channel in ("a", "b", "a"):
+        create(loaded, channel, b"small", queue="small")
+    travel(loaded, 1_000)
+    loaded.execute("LOAD 'auto_explain'")
+    loaded.execute("SET auto_explain.log_analyze = on")
+    try:
+        plans = plans_of(loaded, "SELECT * FROM fairq.message_dequeue(30000, 10, 'small')")
+    finally:
+        loaded.execute("SET auto_explain.log_analyze = off")
+    assert_index_only(plans)
+    read = [(line.strip(), int(rows) * int(loops)) for plan in plans for line in plan.splitlines()
+            if (m := SCAN.search(line)) and m.group(2).split(".")[-1] in QUEUE_TABLES
+            and (r := ACTUAL_ROWS.search(line)) and (rows := r.group(1)) and (loops := r.group(2))]
+    assert read, "\n\n".join(plans)
+    assert max(n for _, n in read) <= 3, [x for x in read if x[1] > 3]
+    assert dequeue(loaded, n=10, queue="small") == []  # all three were handed out above

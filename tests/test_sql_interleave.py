@@ -457,3 +457,46 @@ def test_open_producer_transaction_does_not_block_completions(
         assert completion.join() == "completed"
     assert [d.content for d in dequeue(conn, n=5)] == [b"uncommitted"]
     assert problems(conn) == []
+
+
+# -- Two queues ----------------------------------------------------------------------------
+
+
+def test_a_dequeue_never_waits_for_another_queues_busy_channels(
+        dsn: str, conn: Conn, other: Conn) -> None:
+    """Queue "b"'s only channel is held by an open dequeue (and has more work due): a
+    dequeue of queue "a" hands out a's message without waiting for it, and an empty
+    queue "c" answers "nothing available" without waiting for it either, although
+    both wait up to the failure net for busy channels of their own queue."""
+    create_many(conn, ["x", "x", "x"], queue="b")
+    first = dequeue(conn, queue="b")  # b/x is in b's rotation, committed
+    assert complete(conn, first[0]) == "completed"
+    create(conn, "x", b"a's", queue="a")
+    with open_transaction(other):
+        assert len(dequeue(other, queue="b")) == 1  # holds b/x, which has one more due
+        widened = f"SET fairq.dequeue_busy_wait = '{int(FAILURE_NET)}s'"
+        of_a = Background(dsn, lambda c: (c.execute(widened), dequeue(c, queue="a"))[1])
+        assert of_a.finishes_without_waiting_for(other)
+        assert [d.content for d in of_a.join()] == [b"a's"]
+        create(conn, "x", b"c's", queue="c")
+        assert len(dequeue(conn, queue="c")) == 1  # "c" exists, and is empty now
+        of_c = Background(dsn, lambda c: (c.execute(widened), dequeue(c, queue="c"))[1])
+        assert of_c.finishes_without_waiting_for(other)
+        assert of_c.join() == []
+    assert [d.channel for d in dequeue(conn, queue="b")] == ["x"]
+    assert problems(conn) == []
+
+
+def test_an_open_producer_transaction_of_one_queue_blocks_nothing_in_another(
+        dsn: str, conn: Conn, other: Conn) -> None:
+    """A producer holding the producer lock of b/x in an open transaction: channel x of
+    queue a takes messages, hands them out and completes them without waiting."""
+    with open_transaction(other):
+        create(other, "x", b"uncommitted", queue="b")
+        conn.execute("SET lock_timeout = '2s'")  # a wait would be an error, not a hang
+        create(conn, "x", b"a's", queue="a")
+        got = dequeue(conn, queue="a")
+        assert [d.content for d in got] == [b"a's"]
+        assert complete(conn, got[0]) == "completed"
+        conn.execute("SELECT fairq.channel_set('x', 1, p_queue => 'a')")
+    assert [d.content for d in dequeue(conn, queue="b")] == [b"uncommitted"]

@@ -88,3 +88,72 @@ def test_upgraded_install_equals_fresh_install(server: Server, old: str) -> None
     finally:
         server.drop_database(fresh)
         server.drop_database(upgraded)
+
+
+def test_upgrade_keeps_every_grant_and_the_messages_in_flight(server: Server) -> None:
+    """Roles granted on the last release can still call what they could after the
+    upgrade, also the functions whose signature changed (they are created anew), and
+    messages held in several channels across it complete."""
+    previous = [v for v in released_versions() if v != current_version()][-1]
+    name = server.create_database()
+    roles = {kind: f"fairq_upgrade_{kind}_{name[-8:]}" for kind in ("producer", "worker",
+                                                                  "observer", "operator")}
+    try:
+        with psycopg.connect(server.dsn(name), autocommit=True) as conn:
+            conn.execute("DROP EXTENSION fairq")
+            conn.execute("DROP SCHEMA fairq")
+            conn.execute(f"CREATE EXTENSION fairq VERSION '{previous}'")
+            for kind, role in roles.items():
+                conn.execute(f'CREATE ROLE "{role}"')  # type: ignore[arg-type]
+                if kind != "operator":
+                    conn.execute(f"SELECT fairq.grant_{kind}(%s)", (role,))  # type: ignore[arg-type]
+            conn.execute(f'GRANT USAGE ON SCHEMA fairq TO "{roles["operator"]}"')  # type: ignore[arg-type]
+            conn.execute("GRANT EXECUTE ON FUNCTION fairq.channel_set(text, integer, bigint,"
+                         f' integer, integer) TO "{roles["operator"]}" WITH GRANT OPTION')  # type: ignore[arg-type]
+            conn.execute("SET fairq.history = on")
+            for channel in ("a", "b", "c"):
+                conn.execute("SELECT * FROM fairq.message_create(%s, 'x')", (channel,))
+            held = conn.execute("SELECT id, num_attempts FROM fairq.message_dequeue(60000, 3)"
+                                ).fetchall()
+            assert len(held) == 3
+            conn.execute("ALTER EXTENSION fairq UPDATE")
+
+            def can(role: str, sql: str, *args: object) -> bool:
+                with conn.transaction(force_rollback=True):
+                    conn.execute(f'SET LOCAL ROLE "{role}"')  # type: ignore[arg-type]
+                    try:
+                        with conn.transaction():
+                            conn.execute(sql, args)  # type: ignore[arg-type]
+                    except psycopg.errors.InsufficientPrivilege:
+                        return False
+                return True
+
+            producer, worker, observer, operator = roles.values()
+            assert can(producer, "SELECT * FROM fairq.message_create('d', 'y')")
+            assert can(producer, "SELECT * FROM fairq.message_create_batch('{d}', '{y}')")
+            assert not can(producer, "SELECT * FROM fairq.message_dequeue(1000)")
+            assert can(worker, "SELECT * FROM fairq.message_dequeue(1000)")
+            assert not can(worker, "SELECT * FROM fairq.message_create('d', 'y')")
+            assert can(observer, "SELECT * FROM fairq.channels")
+            assert can(observer, "SELECT * FROM fairq.dead_letters")
+            assert can(observer, "SELECT * FROM fairq.message_history")
+            assert can(observer, "SELECT * FROM fairq.queues")
+            assert not can(observer, "SELECT * FROM fairq.message_dequeue(1000)")
+            assert can(operator, "SELECT fairq.channel_set('a', 2)")
+            assert not can(operator, "SELECT fairq.channel_pause('a')")  # new: the owner's
+            grantable = conn.execute(
+                "SELECT a.is_grantable FROM pg_proc p, aclexplode(p.proacl) a"
+                " WHERE p.oid = 'fairq.channel_set(text, integer, bigint, integer, integer,"
+                " integer, text)'::regprocedure AND a.grantee = %s::regrole",
+                (operator,)).fetchall()
+            assert grantable == [(True,)]
+            for message_id, attempts in held:
+                assert conn.execute("SELECT fairq.message_complete(%s, %s)",
+                                    (message_id, attempts)).fetchone() == ("completed",)
+            assert conn.execute("SELECT queue, count(*) FROM fairq.message_history GROUP BY 1"
+                                ).fetchall() == [("default", 3)]
+            assert conn.execute("SELECT * FROM fairq.check()").fetchall() == []
+    finally:
+        server.drop_database(name)
+        for role in roles.values():
+            server.admin(f'DROP ROLE IF EXISTS "{role}"')

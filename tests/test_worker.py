@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -209,14 +210,106 @@ def test_periodic_schedule_enqueues_work_each_tick(queue: Queue[bytes], dsn: str
     assert stats.size == 1  # the driver never completes
 
 
-def _worker_process(dsn: str, marks: Path, *options: str) -> subprocess.Popen[bytes]:
-    """A `fairq worker` process running worker_handlers.gated: each delivery runs until
-    the test creates ``marks/release``. Its log goes to ``marks/worker.log``. The child
-    imports fairq from where this process does."""
+def _probe(queue: str | None, id_: int) -> str:
+    """A payload as fairq sends it (without a queue: as the extension before named
+    queues sends it), for the worker's probe ``id_``."""
+    doc: dict[str, Any] = {"event": "message_create", "channel": "probe", "id": id_,
+                           "dequeue_at": None}
+    if queue is not None:
+        doc["queue"] = queue
+    return json.dumps(doc)
+
+
+class Phases(logging.Handler):
+    """Records what the worker logged about each probe, and moves ``phase`` on as it
+    does, synchronously in the listener (before the wake it may cause): so each dequeue
+    can be attributed to the last event heard before it."""
+
+    def __init__(self, phases: dict[int, str]) -> None:
+        super().__init__(logging.DEBUG)
+        self.phases = phases
+        self.phase = "start"
+        self.heard: dict[int, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if (isinstance(record.msg, str) and record.msg.startswith("NOTIFY")
+                and isinstance(record.args, tuple) and len(record.args) >= 2):
+            id_ = record.args[1]
+            if id_ in self.phases:
+                self.heard[id_] = record.getMessage()
+                self.phase = self.phases[id_]
+
+
+@contextmanager
+def phases_logged(phases: dict[int, str]) -> Iterator[Phases]:
+    handler = Phases(phases)
+    logger = logging.getLogger("fairq.worker")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+LISTENING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+             " AND query = 'LISTEN fairq' AND state = 'idle'")
+
+
+def test_wakes_on_its_queues_notify_and_not_on_another_queues(queue: Queue[bytes],
+                                                              dsn: str) -> None:
+    """With polling out of the picture (an hour), only NOTIFY wakes the worker: a
+    message sent (its event names no queue: "default") is handled, while an event of
+    the queue "emails" heard before it caused no dequeue."""
+    calls: list[str] = []  # the phase of each dequeue, when it was called
+    dequeue = queue.dequeue
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(log.phase)
+        return dequeue(*args, **kwargs)
+
+    queue.dequeue = counting  # type: ignore[method-assign]
+    handled = threading.Event()
+
+    def notify(payload: str) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_notify('fairq', %s)", (payload,))
+
+    def listening() -> bool:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute(LISTENING).fetchone()
+        return bool(row and row[0])
+
+    worker = Worker(queue, lambda m: handled.set(), poll_interval=timedelta(hours=1),
+                    grace_period=timedelta(seconds=5))
+    with phases_logged({-1: "ready", -2: "foreign"}) as log, running(worker):
+        eventually(listening)
+        # A probe of the default queue: once a dequeue followed it, the worker has
+        # nothing pending and sleeps for an hour.
+        notify(_probe(None, -1))
+        eventually(lambda: "ready" in calls)
+        notify(_probe("emails", -2))
+        eventually(lambda: -2 in log.heard)
+        log.phase = "send"
+        sent = queue.send("a", b"job")  # its NOTIFY wakes the worker
+        assert handled.wait(60)
+    assert "ignored" in log.heard[-2], log.heard
+    assert "foreign" not in calls, calls
+    eventually(lambda: completions(dsn))
+    assert [i for i, _ in completions(dsn)] == [sent.id]
+
+
+def _worker_process(dsn: str, marks: Path, *options: str,
+                    handler: str = "worker_handlers:gated") -> subprocess.Popen[bytes]:
+    """A `fairq worker` process running worker_handlers.gated (or ``handler``): each
+    delivery runs until the test creates ``marks/release``. Its log goes to
+    ``marks/worker.log``. The child imports fairq from where this process does."""
     path = os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "PYTHONPATH": path, "FAIRQ_TEST_MARKS": str(marks)}
     with open(marks / "worker.log", "ab") as log:  # the child keeps its own copy
-        return subprocess.Popen([str(FAIRQ), "--dsn", dsn, "worker", "worker_handlers:gated",
+        return subprocess.Popen([str(FAIRQ), "--dsn", dsn, "worker", handler,
                                  "--poll", "0.2", *options], env=env, stderr=log)
 
 

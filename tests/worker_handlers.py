@@ -6,14 +6,15 @@ process which deliveries started and which finished.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
 
-from fairq import Message
+from fairq import AsyncMessage, Message
 
 
-def _mark(kind: str, message: Message[bytes]) -> None:
+def _mark(kind: str, message: Message[bytes] | AsyncMessage[bytes]) -> None:
     marks = Path(os.environ["FAIRQ_TEST_MARKS"])
     (marks / f"{kind}-{message.id}-{message.num_attempts}").touch()
 
@@ -29,4 +30,16 @@ def gated(message: Message[bytes]) -> None:
         if time.monotonic() > give_up:
             raise TimeoutError("never released")
         time.sleep(0.01)
+    _mark("done", message)
+
+
+async def gated_async(message: AsyncMessage[bytes]) -> None:
+    """``gated`` as a coroutine: `fairq worker` runs it with an AsyncWorker."""
+    _mark("started", message)
+    release = Path(os.environ["FAIRQ_TEST_MARKS"]) / "release"
+    give_up = time.monotonic() + float(message.content.decode())
+    while not release.exists():
+        if time.monotonic() > give_up:
+            raise TimeoutError("never released")
+        await asyncio.sleep(0.01)
     _mark("done", message)

@@ -1,6 +1,7 @@
 """fairq: a fair, multi-tenant, durable message queue inside PostgreSQL."""
 
 from fairq.aio import AsyncQueue
+from fairq.aio_worker import AsyncWorker
 from fairq.codecs import BytesCodec, Codec, JsonCodec, TextCodec
 from fairq.queue import Queue
 from fairq.types import (
@@ -28,6 +29,7 @@ __version__ = "0.7.0"
 __all__ = [
     "AsyncMessage",
     "AsyncQueue",
+    "AsyncWorker",
     "Backoff",
     "BytesCodec",
     "CancelStatus",

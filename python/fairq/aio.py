@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Generic, TypeVar, overload
 
 import psycopg
@@ -192,13 +192,15 @@ class AsyncQueue(Generic[T]):
                      conn: AsyncConnection | None = None) -> CancelStatus:
         return await self._run(_sql.cancel(message_id), conn)
 
-    async def schedule_periodic(self, name: str, interval: timedelta, channel: str,
-                                content: T, *, start_at: datetime | None = None,
+    async def schedule_periodic(self, name: str, interval: timedelta | None, channel: str,
+                                content: T, *, cron: str | None = None,
+                                timezone: str | None = None, start_at: datetime | None = None,
                                 priority: int = 0,
                                 conn: AsyncConnection | None = None) -> CreateResult:
-        return await self._run(periodic.schedule(name, interval, channel,
-                                                 self.codec.encode(content), queue=self.name,
-                                                 start_at=start_at, priority=priority), conn)
+        return await self._run(periodic.schedule(name, channel, self.codec.encode(content),
+                                                 queue=self.name, interval=interval, cron=cron,
+                                                 timezone=timezone, start_at=start_at,
+                                                 priority=priority), conn)
 
     # -- consuming ------------------------------------------------------------------
 
@@ -229,6 +231,28 @@ class AsyncQueue(Generic[T]):
     async def fail(self, message: ReceivedMessage[T], error: str | None = None, *,
                    conn: AsyncConnection | None = None) -> SettleStatus:
         return await self._run(_sql.fail(message.id, message.num_attempts, error), conn)
+
+    async def periodic_tick(self, driver: ReceivedMessage[T], *, now: datetime | None = None,
+                            conn: AsyncConnection | None = None) -> periodic.TickResult:
+        """:meth:`fairq.Queue.periodic_tick`, with asyncio."""
+        tick = periodic.tick(driver, now or datetime.now(timezone.utc), self.name)
+        try:
+            async with self._atomic(conn) as tx:
+                work = await self._run(tick.work, tx)
+                tick.check(await self._run(tick.reschedule, tx))
+        except periodic.Refused as refused:
+            return tick.refused(refused)
+        return tick.done(work)
+
+    @asynccontextmanager
+    async def _atomic(self, conn: AsyncConnection | None) -> AsyncIterator[AsyncConnection]:
+        """A transaction on ``conn`` (a savepoint if one is open there) or of our own."""
+        if conn is None:
+            async with self.transaction() as own:
+                yield own
+        else:
+            async with conn.transaction():
+                yield conn
 
     # -- operating ------------------------------------------------------------------
 

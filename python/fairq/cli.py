@@ -10,7 +10,9 @@ fairq.demo, fairq.report): the CLI hands them the rest of the command line.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -22,6 +24,8 @@ from typing import Any
 import psycopg
 
 from fairq import __version__, _timestamps
+from fairq.aio import AsyncQueue
+from fairq.aio_worker import AsyncWorker
 from fairq.codecs import BytesCodec, Codec, JsonCodec, TextCodec
 from fairq.install import InstallError, Scripts, install, upgrade
 from fairq.queue import Queue
@@ -132,8 +136,9 @@ def _parser() -> argparse.ArgumentParser:
 
     sub = leaf(commands, "worker", "run a handler over a queue's messages", queue_option)
     sub.add_argument("handler", metavar="MODULE:FUNCTION",
-                     help="a function taking a fairq.Message (the module is imported from "
-                          "the current directory or PYTHONPATH)")
+                     help="a function taking a fairq.Message, or an async one taking a "
+                          "fairq.AsyncMessage (run by an AsyncWorker); the module is "
+                          "imported from the current directory or PYTHONPATH")
     sub.add_argument("--concurrency", type=int, default=1)
     sub.add_argument("--codec", choices=sorted(CODECS), default="bytes")
     sub.add_argument("--lock", type=_seconds, default=timedelta(seconds=30),
@@ -211,11 +216,20 @@ def _run(args: argparse.Namespace) -> None:
     if args.command == "worker":
         handler = _load_handler(args.handler)
         codec = CODECS[args.codec]()
-        # Every handler thread, the dequeue loop and the heartbeats may hold a connection.
-        with Queue(args.dsn, name=args.queue, codec=codec,
-                   pool_size=args.concurrency + 2) as wqueue:
-            logging.basicConfig(level=logging.INFO,
-                                format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        # Every handler, the dequeue loop and the heartbeats may hold a connection.
+        pool_size = args.concurrency + 2
+        if inspect.iscoroutinefunction(handler):
+            async def work() -> None:
+                async with AsyncQueue(args.dsn, name=args.queue, codec=codec,
+                                      pool_size=pool_size) as aqueue:
+                    await AsyncWorker(aqueue, handler, concurrency=args.concurrency,
+                                      lock=args.lock, max_attempts=args.max_attempts,
+                                      grace_period=args.grace, poll_interval=args.poll).run()
+            asyncio.run(work())
+            return
+        with Queue(args.dsn, name=args.queue, codec=codec, pool_size=pool_size) as wqueue:
             Worker(wqueue, handler, concurrency=args.concurrency, lock=args.lock,
                    max_attempts=args.max_attempts, grace_period=args.grace,
                    poll_interval=args.poll).run()

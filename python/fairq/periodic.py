@@ -3,10 +3,17 @@
 ``schedule`` creates the driver on the reserved channel ``fairq.periodic`` with the
 schedule's name as dedup key, so there is one driver per name however often (and from
 however many processes) it is scheduled. Its content is the schedule: target channel,
-interval, priority and the work's content. Each time a worker receives the driver it
-enqueues the work and defers the driver to its next tick, both in one transaction and
-fenced by the driver's attempt count: a crash before the commit leaves the driver
-locked until its lock expires, then it is delivered again and the tick happens once.
+interval or cron expression, priority and the work's content. Each time a worker
+receives the driver it enqueues the work and defers the driver to its next tick, both
+in one transaction and fenced by the driver's attempt count: a crash before the commit
+leaves the driver locked until its lock expires, then it is delivered again and the
+tick happens once.
+
+Ticks missed while no worker ran are not replayed: the next tick is the first one of
+the schedule after now (a worker that was down for an hour on a five-minute schedule
+sends one message when it comes back, not twelve). Cron expressions are evaluated in
+UTC unless the schedule names a time zone (with that zone's DST, as Debian's cron
+does: see cronsim).
 
 The driver keeps its row forever, so its ``num_attempts`` grows by one per tick: give
 ``fairq.periodic`` no ``max_attempts``.
@@ -20,57 +27,141 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
 
 from fairq import _sql
 from fairq.types import CreateResult, ReceivedMessage, SettleStatus
 
-__all__ = ["PERIODIC_CHANNEL", "Schedule", "Tick", "schedule", "tick"]
+__all__ = ["PERIODIC_CHANNEL", "Refused", "Schedule", "Tick", "TickResult", "schedule", "tick"]
 
 PERIODIC_CHANNEL = "fairq.periodic"
+UTC = timezone.utc
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """What a driver message carries (as JSON, the content base64-encoded)."""
+    """What a driver message carries (as JSON, the content base64-encoded): every
+    ``interval``, or at the times of the ``cron`` expression in ``timezone`` (an IANA
+    name; None is UTC). Exactly one of ``interval`` and ``cron``."""
 
     name: str
-    interval: timedelta
+    interval: timedelta | None
     channel: str
     content: bytes
     priority: int = 0
+    cron: str | None = None
+    timezone: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.interval is None) == (self.cron is None):
+            raise ValueError("give exactly one of interval and cron")
+        if self.interval is not None and self.interval <= timedelta(0):
+            raise ValueError(f"interval must be positive, got {self.interval}")
+        if self.timezone is not None and self.cron is None:
+            raise ValueError("timezone is for cron schedules only")
+        if self.cron is not None:
+            try:
+                self._zone()
+                CronSim(self.cron, datetime.now(UTC))
+            except ZoneInfoNotFoundError as exc:
+                raise ValueError(f"unknown time zone {self.timezone!r}") from exc
+            except CronSimError as exc:
+                raise ValueError(f"invalid cron expression {self.cron!r}: {exc}") from exc
+
+    def _zone(self) -> tzinfo:
+        return ZoneInfo(self.timezone) if self.timezone is not None else UTC
+
+    def _cron_after(self, moment: datetime) -> datetime:
+        """The first time of the cron expression strictly after ``moment``, in UTC."""
+        assert self.cron is not None
+        if moment.tzinfo is None:
+            raise ValueError(f"a cron schedule needs aware datetimes, got {moment}")
+        try:
+            return next(CronSim(self.cron, moment.astimezone(self._zone()))).astimezone(UTC)
+        except StopIteration:
+            raise ValueError(f"cron expression {self.cron!r} has no time after {moment}") from None
+
+    def first_at(self, start_at: datetime | None, now: datetime) -> datetime | None:
+        """The first tick, at or after ``start_at`` (default: ``now``). None for an
+        interval schedule without ``start_at``: the database's now."""
+        if self.cron is None:
+            return start_at
+        # cronsim answers times strictly after its start (counted in whole seconds).
+        return self._cron_after((start_at or now) - timedelta(microseconds=1))
+
+    def next_after(self, due_at: datetime, now: datetime) -> datetime:
+        """The tick after the one due at ``due_at``, skipping those already past at
+        ``now``: the first tick of the schedule after both."""
+        if self.interval is None:
+            return self._cron_after(max(due_at, now))
+        missed = max(0, (now - due_at) // self.interval)
+        return due_at + self.interval * (missed + 1)
 
     def encode(self) -> bytes:
-        return json.dumps({
-            "name": self.name, "interval_ms": _sql.milliseconds(self.interval),
-            "channel": self.channel, "priority": self.priority,
-            "content": base64.b64encode(self.content).decode("ascii"),
-        }).encode()
+        doc: dict[str, Any] = {"name": self.name, "channel": self.channel,
+                               "priority": self.priority,
+                               "content": base64.b64encode(self.content).decode("ascii")}
+        if self.interval is not None:
+            doc["interval_ms"] = _sql.milliseconds(self.interval)
+        else:
+            doc["cron"] = self.cron
+            doc["timezone"] = self.timezone
+        return json.dumps(doc).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> Schedule:
         doc = json.loads(raw)
-        return cls(name=doc["name"], interval=timedelta(milliseconds=doc["interval_ms"]),
+        interval_ms = doc.get("interval_ms")
+        return cls(name=doc["name"],
+                   interval=timedelta(milliseconds=interval_ms) if interval_ms is not None
+                   else None,
                    channel=doc["channel"], content=base64.b64decode(doc["content"]),
-                   priority=doc["priority"])
+                   priority=doc["priority"], cron=doc.get("cron"), timezone=doc.get("timezone"))
 
 
-def schedule(name: str, interval: timedelta, channel: str, content: bytes, *, queue: str,
-             start_at: datetime | None, priority: int) -> _sql.Call[CreateResult]:
-    """The call that creates the driver of schedule ``name`` in ``queue`` (first tick at
-    ``start_at``)."""
-    if interval <= timedelta(0):
-        raise ValueError(f"interval must be positive, got {interval}")
-    driver = Schedule(name, interval, channel, content, priority)
-    return _sql.create(PERIODIC_CHANNEL, driver.encode(), queue=queue, dequeue_at=start_at,
+def schedule(name: str, channel: str, content: bytes, *, queue: str,
+             interval: timedelta | None = None, cron: str | None = None,
+             timezone: str | None = None, start_at: datetime | None,
+             priority: int) -> _sql.Call[CreateResult]:
+    """The call that creates the driver of schedule ``name`` in ``queue``: every
+    ``interval`` from ``start_at`` (default: now), or at the times of ``cron`` from
+    ``start_at`` on."""
+    driver = Schedule(name, interval, channel, content, priority, cron, timezone)
+    first = driver.first_at(start_at, datetime.now(UTC))
+    return _sql.create(PERIODIC_CHANNEL, driver.encode(), queue=queue, dequeue_at=first,
                        delay=None, priority=0, dedup_key=name)
 
 
 @dataclass(frozen=True)
+class TickResult:
+    """What a tick did: ``work`` is the work message's creation, or None when the
+    driver's reschedule answered ``status`` (not DEFERRED: it was not ours any more)
+    and the tick was rolled back."""
+
+    schedule: Schedule
+    due_at: datetime
+    next_at: datetime
+    status: SettleStatus
+    work: CreateResult | None
+
+
+class Refused(Exception):
+    """Raised inside a tick's transaction to roll it back: the driver was not ours."""
+
+    def __init__(self, status: SettleStatus) -> None:
+        super().__init__(status.value)
+        self.status = status
+
+
+@dataclass(frozen=True)
 class Tick:
-    """One tick of a driver: run ``work`` then ``reschedule`` in one transaction, and
-    commit only if ``reschedule`` answers DEFERRED (otherwise the driver was not ours)."""
+    """One tick of a driver: run ``work`` then ``reschedule`` in one transaction, pass
+    the latter's answer to ``check`` (which raises :class:`Refused` unless it is
+    DEFERRED, so the transaction rolls back), and commit."""
 
     schedule: Schedule
     due_at: datetime
@@ -78,15 +169,24 @@ class Tick:
     work: _sql.Call[CreateResult]
     reschedule: _sql.Call[SettleStatus]
 
+    def check(self, status: SettleStatus) -> None:
+        if status is not SettleStatus.DEFERRED:
+            raise Refused(status)
+
+    def done(self, work: CreateResult) -> TickResult:
+        return TickResult(self.schedule, self.due_at, self.next_at, SettleStatus.DEFERRED, work)
+
+    def refused(self, refused: Refused) -> TickResult:
+        return TickResult(self.schedule, self.due_at, self.next_at, refused.status, None)
+
 
 def tick(driver: ReceivedMessage[Any], now: datetime, queue: str) -> Tick:
     """The tick a driver received from ``queue`` stands for. Ticks missed while no
-    worker ran are not replayed: the next one is the first tick of the schedule's grid
-    after ``now``."""
+    worker ran are not replayed: the next one is the schedule's first tick after
+    ``now``."""
     sched = Schedule.decode(driver.raw)
     due_at = driver.dequeue_at
-    missed = max(0, (now - due_at) // sched.interval)
-    next_at = due_at + sched.interval * (missed + 1)
+    next_at = sched.next_after(due_at, now)
     # Keyed by tick, so the same tick never has two work messages pending at once. The
     # driver's id, not the name, keeps the key short whatever the name's length.
     work_key = f"{PERIODIC_CHANNEL}:{driver.id}@{due_at.isoformat()}"

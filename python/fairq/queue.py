@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Generic, TypeVar, overload
 
 import psycopg
@@ -206,14 +206,18 @@ class Queue(Generic[T]):
     def cancel(self, message_id: int, *, conn: Connection | None = None) -> CancelStatus:
         return self._run(_sql.cancel(message_id), conn)
 
-    def schedule_periodic(self, name: str, interval: timedelta, channel: str, content: T, *,
+    def schedule_periodic(self, name: str, interval: timedelta | None, channel: str,
+                          content: T, *, cron: str | None = None, timezone: str | None = None,
                           start_at: datetime | None = None, priority: int = 0,
                           conn: Connection | None = None) -> CreateResult:
-        """Sends ``content`` to ``channel`` every ``interval``, from ``start_at`` (default:
-        now), for as long as a :class:`~fairq.Worker` runs. One schedule per ``name``:
-        a second call answers DUPLICATE and changes nothing."""
-        return self._run(periodic.schedule(name, interval, channel, self.codec.encode(content),
-                                           queue=self.name, start_at=start_at,
+        """Sends ``content`` to ``channel`` of this queue every ``interval`` from
+        ``start_at`` (default: now), or (``interval=None``) at the times of the ``cron``
+        expression, evaluated in ``timezone`` (an IANA name; default UTC), from
+        ``start_at`` on; for as long as a worker serves the queue. One schedule per
+        ``name`` and queue: a second call answers DUPLICATE and changes nothing."""
+        return self._run(periodic.schedule(name, channel, self.codec.encode(content),
+                                           queue=self.name, interval=interval, cron=cron,
+                                           timezone=timezone, start_at=start_at,
                                            priority=priority), conn)
 
     # -- consuming ------------------------------------------------------------------
@@ -249,6 +253,32 @@ class Queue(Generic[T]):
              conn: Connection | None = None) -> SettleStatus:
         """Moves the message to the dead letters now."""
         return self._run(_sql.fail(message.id, message.num_attempts, error), conn)
+
+    def periodic_tick(self, driver: ReceivedMessage[T], *, now: datetime | None = None,
+                      conn: Connection | None = None) -> periodic.TickResult:
+        """Runs one tick of a periodic driver (a message of channel ``fairq.periodic`` of
+        this queue, which workers hand here): creates the tick's work in this queue and
+        defers the driver to its next tick after ``now`` (default: this host's clock),
+        atomically. If the driver was not ours any more (its lock lapsed), nothing
+        changes: the result's ``work`` is None and its ``status`` says why."""
+        tick = periodic.tick(driver, now or datetime.now(timezone.utc), self.name)
+        try:
+            with self._atomic(conn) as tx:
+                work = self._run(tick.work, tx)
+                tick.check(self._run(tick.reschedule, tx))
+        except periodic.Refused as refused:
+            return tick.refused(refused)
+        return tick.done(work)
+
+    @contextmanager
+    def _atomic(self, conn: Connection | None) -> Iterator[Connection]:
+        """A transaction on ``conn`` (a savepoint if one is open there) or of our own."""
+        if conn is None:
+            with self.transaction() as own:
+                yield own
+        else:
+            with conn.transaction():
+                yield conn
 
     # -- operating ------------------------------------------------------------------
 

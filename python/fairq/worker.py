@@ -7,59 +7,49 @@
   token), and after ``max_attempts`` deliveries fails it into the dead letters.
 - Settlements are fenced: if the lock was lost (expired and handed to another
   worker), the SQL answers STALE, nothing changes and the worker logs it.
-- The worker sleeps until ``NOTIFY fairq`` says work arrived (or a slot freed up
-  elsewhere), polling every ``poll_interval`` in case a notification is missed.
+- The worker sleeps until ``NOTIFY fairq`` says work arrived in its queue (or a slot
+  freed up elsewhere), polling every ``poll_interval`` in case a notification is missed.
 - ``stop()`` (or SIGTERM/SIGINT while ``run()`` is in the main thread) stops taking
   work; handlers get ``grace_period`` to finish, then what is still running is
   deferred so another worker picks it up at once instead of after its lock expires.
 - Drivers of periodic schedules (channel ``fairq.periodic``) are handled here, not by
   the handler: see :mod:`fairq.periodic`.
+
+Every decision is shared with :class:`fairq.AsyncWorker` (:mod:`fairq._work`); this
+module only waits and runs, with threads.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import queue as stdqueue
-import random
 import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from types import FrameType
 from typing import Generic, TypeVar
 
 import psycopg
 
-from fairq import periodic
+from fairq import _work, periodic
+from fairq._work import Backoff, Settlement
 from fairq.queue import Queue
-from fairq.types import CreateStatus, Message, SettleStatus
+from fairq.types import Message, SettleStatus
 
 __all__ = ["Backoff", "Worker"]
 
 T = TypeVar("T")
-log = logging.getLogger("fairq.worker")
+log = _work.log
 
 
-@dataclass(frozen=True)
-class Backoff:
-    """Delay before delivery ``attempt + 1`` after ``attempt`` failed: doubling from
-    ``base`` up to ``cap``, with "equal jitter" (between half and all of it) so that
-    messages failing together do not come back together."""
-
-    base: timedelta = timedelta(seconds=1)
-    cap: timedelta = timedelta(minutes=10)
-
-    def delay(self, attempt: int) -> timedelta:
-        doublings = min(max(0, attempt - 1), 32)  # beyond that the cap rules anyway
-        ceiling = min(self.cap, self.base * (1 << doublings))
-        return ceiling / 2 + ceiling / 2 * random.random()
-
-
-class _LostDriver(Exception):
-    """A periodic driver's reschedule was refused: roll its tick back."""
+def settle(message: Message[T], settlement: Settlement) -> SettleStatus:
+    """Applies a settlement through the message's queue."""
+    if settlement.outcome is SettleStatus.COMPLETED:
+        return message.complete()
+    if settlement.outcome is SettleStatus.DEAD:
+        return message.fail(settlement.error)
+    return message.defer(delay=settlement.delay)
 
 
 class Worker(Generic[T]):
@@ -69,24 +59,18 @@ class Worker(Generic[T]):
                  poll_interval: timedelta = timedelta(seconds=5),
                  grace_period: timedelta = timedelta(seconds=30),
                  listen: bool = True) -> None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.queue = queue
         self.handler = handler
-        self.concurrency = concurrency
-        self.lock = lock
-        self.max_attempts = max_attempts
-        self.backoff = backoff
-        self.poll_interval = poll_interval
-        self.grace_period = grace_period
-        self.listen = listen
+        self.options = _work.Options(
+            concurrency=concurrency, lock=lock, max_attempts=max_attempts, backoff=backoff,
+            poll_interval=poll_interval, grace_period=grace_period, listen=listen)
+        self._wakeups = _work.Wakeups(_work.queue_name(queue), poll_interval)
         self._stopping = threading.Event()
         self._finished = threading.Event()  # run() is over: background threads quit
         self._wake = threading.Event()
         self._in_flight: dict[int, Message[T]] = {}
         self._in_flight_changed = threading.Condition()
         self._todo: stdqueue.SimpleQueue[Message[T]] = stdqueue.SimpleQueue()
-        self._next_due: datetime | None = None  # earliest future dequeue_at heard of
 
     # -- control --------------------------------------------------------------------
 
@@ -99,12 +83,13 @@ class Worker(Generic[T]):
         """Works until ``stop()`` (or SIGTERM/SIGINT when called from the main thread)."""
         restore = self._install_signal_handlers()
         threads = [threading.Thread(target=self._handler_loop, daemon=True,
-                                    name=f"fairq-handler-{i}") for i in range(self.concurrency)]
+                                    name=f"fairq-handler-{i}")
+                   for i in range(self.options.concurrency)]
         threads.append(threading.Thread(target=self._heartbeat_loop, daemon=True,
                                         name="fairq-heartbeat"))
-        if self.listen and self.queue.conninfo is None:
+        if self.options.listen and self.queue.conninfo is None:
             log.warning("the queue's pool computes its conninfo: no LISTEN, polling only")
-        elif self.listen:
+        elif self.options.listen:
             threads.append(threading.Thread(target=self._listen_loop, daemon=True,
                                             name="fairq-listen"))
         for thread in threads:
@@ -141,18 +126,18 @@ class Worker(Generic[T]):
     def _dequeue_loop(self) -> None:
         while not self._stopping.is_set():
             with self._in_flight_changed:
-                free = self.concurrency - len(self._in_flight)
+                free = self.options.concurrency - len(self._in_flight)
             if free == 0:
-                self._wait(self.poll_interval)
+                self._wait(self.options.poll_interval)
                 continue
             # Cleared before the dequeue: an event that arrives during it wakes the
             # wait below instead of being lost.
             self._wake.clear()
             try:
-                messages = self.queue.dequeue(self.lock, free)
+                messages = self.queue.dequeue(self.options.lock, free)
             except psycopg.Error:
-                log.exception("dequeue failed; retrying in %s", self.poll_interval)
-                self._wait(self.poll_interval)
+                log.exception("dequeue failed; retrying in %s", self.options.poll_interval)
+                self._wait(self.options.poll_interval)
                 continue
             with self._in_flight_changed:
                 for message in messages:
@@ -160,21 +145,11 @@ class Worker(Generic[T]):
             for message in messages:
                 self._todo.put(message)
             if len(messages) < free:
-                self._wait(self._idle_timeout())
+                self._wait(self._wakeups.idle_timeout(datetime.now(timezone.utc)))
 
     def _wait(self, timeout: timedelta) -> None:
         self._wake.wait(max(0.0, timeout.total_seconds()))
         self._wake.clear()
-
-    def _idle_timeout(self) -> timedelta:
-        """Until the next poll, or until a message we heard of becomes due."""
-        if self._next_due is None:
-            return self.poll_interval
-        until_due = self._next_due - datetime.now(timezone.utc)
-        if until_due <= timedelta(0):
-            self._next_due = None
-            return timedelta(0)
-        return min(self.poll_interval, until_due)
 
     def _listen_loop(self) -> None:
         assert self.queue.conninfo is not None  # run() checked it
@@ -185,21 +160,11 @@ class Worker(Generic[T]):
                     self._wake.set()  # anything sent before LISTEN took effect
                     while not self._finished.is_set():
                         for notify in conn.notifies(timeout=0.5):
-                            self._on_event(notify.payload)
+                            if self._wakeups.heard(notify.payload, datetime.now(timezone.utc)):
+                                self._wake.set()
             except psycopg.Error:
                 log.warning("LISTEN connection lost; polling until it is back", exc_info=True)
-                self._finished.wait(self.poll_interval.total_seconds())
-
-    def _on_event(self, payload: str) -> None:
-        try:
-            due = json.loads(payload).get("dequeue_at")
-            due_at = datetime.fromisoformat(due) if due else None
-        except (ValueError, AttributeError):
-            due_at = None
-        if (due_at is not None and due_at > datetime.now(timezone.utc)
-                and (self._next_due is None or due_at < self._next_due)):
-            self._next_due = due_at
-        self._wake.set()
+                self._finished.wait(self.options.poll_interval.total_seconds())
 
     # -- doing work -----------------------------------------------------------------
 
@@ -220,79 +185,43 @@ class Worker(Generic[T]):
 
     def _process(self, message: Message[T]) -> None:
         if message.channel == periodic.PERIODIC_CHANNEL:
-            self._tick(message)
+            _work.report_tick(self.queue.periodic_tick(message))
             return
         try:
             self.handler(message)
         except Exception as exc:
-            self._retry_or_fail(message, exc)
-            return
-        self._report(message, message.complete(), SettleStatus.COMPLETED)
-
-    def _retry_or_fail(self, message: Message[T], exc: Exception) -> None:
-        error = f"{type(exc).__name__}: {exc}"
-        if self.max_attempts is not None and message.num_attempts >= self.max_attempts:
-            log.error("message %s failed on attempt %s of %s, giving up: %s", message.id,
-                      message.num_attempts, self.max_attempts, error, exc_info=exc)
-            self._report(message, message.fail(error), SettleStatus.DEAD)
-            return
-        delay = self.backoff.delay(message.num_attempts)
-        log.warning("message %s failed on attempt %s, retrying in %.1fs: %s", message.id,
-                    message.num_attempts, delay.total_seconds(), error)
-        self._report(message, message.defer(delay=delay), SettleStatus.DEFERRED)
-
-    def _report(self, message: Message[T], status: SettleStatus, expected: SettleStatus) -> None:
-        if status is not expected:
-            log.warning("message %s (attempt %s): lock lost before it could be %s (%s); "
-                        "its new holder decides its fate", message.id, message.num_attempts,
-                        expected.value, status.value)
-
-    def _tick(self, driver: Message[T]) -> None:
-        tick = periodic.tick(driver, datetime.now(timezone.utc), self.queue.name)
-        try:
-            with self.queue.transaction() as conn:
-                work = self.queue._run(tick.work, conn)
-                status = self.queue._run(tick.reschedule, conn)
-                if status is not SettleStatus.DEFERRED:
-                    raise _LostDriver(status.value)
-        except _LostDriver as lost:
-            log.warning("periodic %r: driver lock lost (%s), tick rolled back",
-                        tick.schedule.name, lost)
-            return
-        if work.status is CreateStatus.DROPPED:
-            log.warning("periodic %r: channel %s is full, the tick due at %s was dropped",
-                        tick.schedule.name, tick.schedule.channel, tick.due_at)
+            settlement = _work.after_failure(message, exc, self.options)
+        else:
+            settlement = _work.SUCCESS
+        _work.report_settlement(message, settlement, settle(message, settlement))
 
     def _heartbeat_loop(self) -> None:
-        interval = self.lock.total_seconds() / 3
+        interval = self.options.heartbeat_interval.total_seconds()
         while not self._finished.wait(interval):
             with self._in_flight_changed:
                 running = list(self._in_flight.values())
             for message in running:
                 try:
-                    status = message.heartbeat(self.lock)
+                    status = message.heartbeat(self.options.lock)
                 except psycopg.Error:
                     log.warning("message %s: heartbeat failed", message.id, exc_info=True)
                     continue
-                if status is not SettleStatus.HEARTBEATED:
-                    log.warning("message %s (attempt %s): lock lost while its handler runs (%s)",
-                                message.id, message.num_attempts, status.value)
+                _work.report_heartbeat(message, status)
 
     # -- stopping -------------------------------------------------------------------
 
     def _drain(self) -> None:
         """Waits up to the grace period for handlers, then defers what still runs."""
-        deadline = time.monotonic() + self.grace_period.total_seconds()
+        deadline = time.monotonic() + self.options.grace_period.total_seconds()
         with self._in_flight_changed:
             while self._in_flight and time.monotonic() < deadline:
                 self._in_flight_changed.wait(deadline - time.monotonic())
             left = list(self._in_flight.values())
         for message in left:
             try:
-                status = message.defer()
+                status = settle(message, _work.HAND_BACK)
             except psycopg.Error:
                 log.exception("message %s: could not be handed back; its lock will expire",
                               message.id)
                 continue
-            log.warning("message %s still running after the grace period: handed back (%s)",
-                        message.id, status.value)
+            _work.report_hand_back(message, status)

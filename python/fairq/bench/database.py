@@ -98,7 +98,7 @@ $$ LANGUAGE plpgsql;
 """
 
 FAIRQ_TABLES = ("fairq.message", "fairq.channel", "fairq.channel_size", "fairq.channel_wake",
-                "fairq.dead_letter", "fairq.message_history")
+                "fairq.dead_letter", "fairq.message_history", "fairq.queue")
 
 
 def prepare_database(dsn: str) -> None:
@@ -143,8 +143,9 @@ def check(dsn: str) -> list[tuple[Any, ...]]:
 
 
 def load(dsn: str, channel_of: Callable[[int], str], total: int, sizes: Sizes,
-         log: Log | None = None, label: str = "") -> float:
-    """Creates ``total`` messages through message_create_batch; returns the rows/s."""
+         log: Log | None = None, label: str = "", queue: str = "default") -> float:
+    """Creates ``total`` messages in ``queue`` through message_create_batch; returns the
+    rows/s."""
     if total <= 0:
         return 0.0
     chunks = [(start, min(total, start + sizes.load_chunk))
@@ -159,8 +160,8 @@ def load(dsn: str, channel_of: Callable[[int], str], total: int, sizes: Sizes,
             for start, end in chunks[index::sizes.load_workers]:
                 channels = [channel_of(i) for i in range(start, end)]
                 conn.execute(
-                    "SELECT count(*) FROM fairq.message_create_batch(%s::text[], %s::bytea[])",
-                    (channels, [PAYLOAD] * len(channels)))
+                    "SELECT count(*) FROM fairq.message_create_batch(%s::text[], %s::bytea[],"
+                    " p_queue => %s)", (channels, [PAYLOAD] * len(channels), queue))
                 with lock:
                     done[0] += end - start
                     now = time.monotonic()

@@ -13,21 +13,22 @@ from fairq.bench.progress import Log
 from fairq.bench.sizes import Sizes
 from fairq.bench.stats import quantile, ratio
 
-__all__ = ["channels_scenario", "depth_scenario", "dequeue_latencies"]
+__all__ = ["channels_scenario", "depth_scenario", "dequeue_latencies", "latency_summary"]
 
 
-DEQUEUE_ONE = f"SELECT id, channel, num_attempts FROM fairq.message_dequeue({LOCK_MS}, 1)"
+DEQUEUE_ONE = f"SELECT id, channel, num_attempts FROM fairq.message_dequeue({LOCK_MS}, 1, %s)"
 
 
-def dequeue_latencies(dsn: str, samples: int, warmup: int = 30) -> list[float]:
-    """Sequential dequeues on one connection (seconds each). After each timed dequeue
-    the message is completed and a new one created on its channel, so the depth and
-    the number of channels stay what they were."""
+def dequeue_latencies(dsn: str, samples: int, warmup: int = 30,
+                      queue: str = "default") -> list[float]:
+    """Sequential dequeues of ``queue`` on one connection (seconds each). After each
+    timed dequeue the message is completed and a new one created on its channel, so
+    the depth and the number of channels stay what they were."""
     out: list[float] = []
     with connect(dsn) as conn:
         for i in range(warmup + samples):
             began = time.perf_counter()
-            rows = conn.execute(DEQUEUE_ONE).fetchall()
+            rows = conn.execute(DEQUEUE_ONE, (queue,)).fetchall()
             took = time.perf_counter() - began
             if not rows:
                 raise RuntimeError("dequeue latency: the queue ran empty")
@@ -35,11 +36,12 @@ def dequeue_latencies(dsn: str, samples: int, warmup: int = 30) -> list[float]:
             if i >= warmup:
                 out.append(took)
             conn.execute("SELECT fairq.message_complete(%s, %s)", (row[0], row[2]))
-            conn.execute("SELECT 1 FROM fairq.message_create(%s, %s)", (row[1], PAYLOAD))
+            conn.execute("SELECT 1 FROM fairq.message_create(%s, %s, p_queue => %s)",
+                         (row[1], PAYLOAD, queue))
     return out
 
 
-def _latency_summary(values: list[float]) -> dict[str, float]:
+def latency_summary(values: list[float]) -> dict[str, float]:
     return {"median_ms": statistics.median(values) * 1e3, "p90_ms": quantile(values, 0.9) * 1e3,
             "p99_ms": quantile(values, 0.99) * 1e3, "samples": len(values)}
 
@@ -54,7 +56,7 @@ def depth_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
         have = depth
         with connect(dsn) as conn:
             settle(conn)
-        summary = _latency_summary(dequeue_latencies(dsn, sizes.latency_samples))
+        summary = latency_summary(dequeue_latencies(dsn, sizes.latency_samples))
         summary.update(depth=depth, channels=sizes.depth_channels, load_rows_per_s=rate)
         levels.append(summary)
         log(f"  depth {depth:>9,}: median dequeue {summary['median_ms']:.3f} ms"
@@ -81,7 +83,7 @@ def channels_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
         with connect(dsn) as conn:
             settle(conn)
             live = int(scalar(conn, "SELECT count(*) FROM fairq.channel"))
-        summary = _latency_summary(dequeue_latencies(dsn, sizes.latency_samples))
+        summary = latency_summary(dequeue_latencies(dsn, sizes.latency_samples))
         summary.update(channels=live, messages=total)
         levels.append(summary)
         log(f"  channels {live:>8,}: median dequeue {summary['median_ms']:.3f} ms"

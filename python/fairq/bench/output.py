@@ -30,6 +30,10 @@ ROWS = (
     ("floor_held_snapshot_ratio", "  floor with held snapshot (ref.)", "{:.3f}"),
     ("soak_ratio", "soak, last tenth / first tenth", "{:.3f}"),
     ("churn.last_vs_first", "churn, last tenth / first tenth", "{:.3f}"),
+    ("weights.max_window_deviation", "weights 1..10: worst window vs weight", "{:d}"),
+    ("weights.single.max_share_error", "  share error, 1 msg/call", "{:.4f}"),
+    ("weights.batched.max_share_error", "  share error, batched", "{:.4f}"),
+    ("queue_isolation_latency_ratio", "small queue latency, beside deep / alone", "{:.3f}"),
     ("spark_enqueue_rows_per_s", "Spark DataFrame enqueue (rows/s)", "{:,.0f}"),
 )
 

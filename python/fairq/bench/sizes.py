@@ -44,6 +44,8 @@ class Sizes:
     churn_tenants: int = 100_000    # tenants the churn soak ever sees
     churn_window: int = 1_000       # tenants receiving messages at any one time
     churn_max_s: float = 1_200.0    # the churn soak also stops here
+    weight_rounds: int = 10         # rounds of 55 deliveries over channels of weights 1..10
+    queue_deep: int = 1_000_000     # the deep queue beside a small one
 
 
 FULL = Sizes("full")
@@ -53,7 +55,7 @@ QUICK = Sizes(
     latency_samples=300, channel_levels=(10, 1_000, 10_000), fair_heavy=10_000,
     fair_phase_s=6.0, jain_window_s=4.0, soak_messages=100_000, soak_backlog=10_000,
     soak_max_s=40.0, tenant_levels=(100, 1_000, 10_000), churn_messages=100_000,
-    churn_tenants=10_000, churn_max_s=60.0)
+    churn_tenants=10_000, churn_max_s=60.0, queue_deep=100_000)
 TINY = Sizes(
     "tiny", throughput_s=1, producers=2, consumers=2, channels=10, prefill=200, batch=20,
     wide_channels=40,
@@ -63,4 +65,4 @@ TINY = Sizes(
     fair_consumers=2, fair_phase_s=1.0, jain_tenants=4, jain_window_s=0.5,
     soak_messages=2_000, soak_producers=2, soak_consumers=2, soak_backlog=1_000,
     soak_max_s=60.0, load_chunk=500, tenant_levels=(10, 100), churn_messages=2_000,
-    churn_tenants=200, churn_window=20, churn_max_s=60.0)
+    churn_tenants=200, churn_window=20, churn_max_s=60.0, weight_rounds=3, queue_deep=2_000)

@@ -18,6 +18,7 @@ from fairq.bench.latency import channels_scenario, depth_scenario
 from fairq.bench.machine import machine
 from fairq.bench.pgbench import Pgbench, pgbench_binary
 from fairq.bench.progress import Log, Progress
+from fairq.bench.queues import queues_scenario, weights_scenario
 from fairq.bench.sizes import Sizes
 from fairq.bench.soak import soak_scenario
 from fairq.bench.stats import ratio
@@ -29,7 +30,7 @@ __all__ = ["SCENARIOS", "run", "spark_scenario"]
 
 
 SCENARIOS = ("throughput", "events", "batched", "held", "depth", "channels", "fairness", "soak",
-             "tenants", "churn")
+             "tenants", "churn", "weights", "queues")
 
 
 def run(dsn: str, sizes: Sizes, log: Log | None = None,
@@ -126,6 +127,14 @@ def run(dsn: str, sizes: Sizes, log: Log | None = None,
             churn = churn_scenario(dsn, sizes, log)
             details["churn"] = {key: churn.pop(key) for key in ("check", "table_stats")}
             out["churn"] = churn
+        if "weights" in scenarios:
+            log("weights: 10 backlogged channels of weights 1..10")
+            out["weights"] = weights_scenario(dsn, sizes, log)
+        if "queues" in scenarios:
+            log(f"queues: a small queue's dequeue latency, alone and beside {sizes.queue_deep:,}"
+                " messages in another queue")
+            details["queues"] = queues_scenario(dsn, sizes, log)
+            out["queue_isolation_latency_ratio"] = details["queues"]["ratio"]
     reset(dsn)
     with connect(dsn) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")

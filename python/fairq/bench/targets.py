@@ -29,6 +29,8 @@ TARGETS: tuple[tuple[str, str, float | str], ...] = (
     ("held_snapshot_ratio", ">=", "floor_held_snapshot_ratio"),
     ("soak_ratio", ">=", 0.9),
     ("churn.last_vs_first", ">=", 0.9),
+    ("weights.max_window_deviation", "<=", 1),
+    ("queue_isolation_latency_ratio", "<=", 1.3),
     ("spark_enqueue_rows_per_s", ">=", 20_000),
 )
 

@@ -1,0 +1,257 @@
+"""What a worker decides, whichever way it runs.
+
+:class:`~fairq.Worker` (threads) and :class:`~fairq.AsyncWorker` (asyncio) differ only
+in how they wait and run. Every decision is made here, once, without I/O: the options
+and their checks, back-off, what a handler's outcome becomes (complete, defer or
+dead-letter), which ``NOTIFY fairq`` events concern the worker's queue and how long
+to sleep for lack of them, and what is logged (to ``fairq.worker``) when the database
+answers something else than expected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from fairq.periodic import TickResult
+from fairq.types import CreateStatus, ReceivedMessage, SettleStatus
+
+__all__ = [
+    "DEFAULT_QUEUE",
+    "HAND_BACK",
+    "SUCCESS",
+    "Backoff",
+    "Event",
+    "Options",
+    "Settlement",
+    "Wakeups",
+    "after_failure",
+    "parse_event",
+    "queue_name",
+    "report_hand_back",
+    "report_heartbeat",
+    "report_settlement",
+    "report_tick",
+    "wakes",
+]
+
+log = logging.getLogger("fairq.worker")
+
+# The queue of a call that names none, and of an event whose payload names none
+# (extension versions before named queues send no "queue" key).
+DEFAULT_QUEUE = "default"
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delay before delivery ``attempt + 1`` after ``attempt`` failed: doubling from
+    ``base`` up to ``cap``, with "equal jitter" (between half and all of it) so that
+    messages failing together do not come back together."""
+
+    base: timedelta = timedelta(seconds=1)
+    cap: timedelta = timedelta(minutes=10)
+
+    def delay(self, attempt: int) -> timedelta:
+        doublings = min(max(0, attempt - 1), 32)  # beyond that the cap rules anyway
+        ceiling = min(self.cap, self.base * (1 << doublings))
+        return ceiling / 2 + ceiling / 2 * random.random()
+
+
+@dataclass(frozen=True)
+class Options:
+    """A worker's settings (see the ``Worker`` documentation), checked once."""
+
+    concurrency: int = 1
+    lock: timedelta = timedelta(seconds=30)
+    max_attempts: int | None = 5
+    backoff: Backoff = field(default_factory=Backoff)
+    poll_interval: timedelta = timedelta(seconds=5)
+    grace_period: timedelta = timedelta(seconds=30)
+    listen: bool = True
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        if self.lock <= timedelta(0):
+            raise ValueError(f"lock must be positive, got {self.lock}")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1 or None, got {self.max_attempts}")
+        if self.poll_interval <= timedelta(0):
+            raise ValueError(f"poll_interval must be positive, got {self.poll_interval}")
+        if self.grace_period < timedelta(0):
+            raise ValueError(f"grace_period must not be negative, got {self.grace_period}")
+
+    @property
+    def heartbeat_interval(self) -> timedelta:
+        """Three heartbeats per lock: two may fail (a slow database) before it lapses."""
+        return self.lock / 3
+
+
+def queue_name(queue: object) -> str:
+    """The name of the queue a worker serves: ``queue.name`` where the binding has one."""
+    name = getattr(queue, "name", DEFAULT_QUEUE)
+    return name if isinstance(name, str) else DEFAULT_QUEUE
+
+
+# -- events ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Event:
+    """A ``NOTIFY fairq`` payload: ``{"event", "queue", "channel", "id", "dequeue_at"}``."""
+
+    event: str | None
+    queue: str
+    channel: str | None
+    id: int | None
+    dequeue_at: datetime | None
+
+
+# PostgreSQL writes as many fraction digits as it needs; Python 3.10's fromisoformat
+# takes only 3 or 6.
+_FRACTION = re.compile(r"\.(\d{1,6})")
+
+
+def _timestamp(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    text = _FRACTION.sub(lambda m: "." + m.group(1).ljust(6, "0"), value.replace("Z", "+00:00"),
+                         count=1)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else None
+
+
+def parse_event(payload: str) -> Event | None:
+    """The event a payload stands for, or None when it is not one we can read. A payload
+    without ``queue`` (or with null) is an event of the queue ``"default"``."""
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    queue = doc.get("queue")
+    id_ = doc.get("id")
+    event = doc.get("event")
+    channel = doc.get("channel")
+    return Event(event=event if isinstance(event, str) else None,
+                 queue=queue if isinstance(queue, str) else DEFAULT_QUEUE,
+                 channel=channel if isinstance(channel, str) else None,
+                 id=id_ if isinstance(id_, int) and not isinstance(id_, bool) else None,
+                 dequeue_at=_timestamp(doc.get("dequeue_at")))
+
+
+def wakes(event: Event | None, queue: str) -> bool:
+    """Whether an event should wake a worker of ``queue``. Another queue's events never
+    do: its messages are not ours to dequeue. A payload we cannot read does, as a
+    needless dequeue costs less than a message left waiting for the next poll."""
+    return event is None or event.queue == queue
+
+
+class Wakeups:
+    """When the dequeue loop should look again: at the next poll, at once when one of
+    its queue's events arrives, or when a message an event announced for later is due."""
+
+    def __init__(self, queue: str, poll_interval: timedelta) -> None:
+        self.queue = queue
+        self.poll_interval = poll_interval
+        # Earliest future dequeue_at heard of. Written by the listener, read by the
+        # dequeue loop: a lost update only costs one poll interval, never a message.
+        self._next_due: datetime | None = None
+
+    def heard(self, payload: str, now: datetime) -> bool:
+        """Takes in a notification; True if it should wake the dequeue loop."""
+        event = parse_event(payload)
+        if event is None:
+            log.debug("NOTIFY %r: unreadable, wake", payload)
+            return True
+        if not wakes(event, self.queue):
+            log.debug("NOTIFY %s #%s of queue %r: not queue %r, ignored",
+                      event.event, event.id, event.queue, self.queue)
+            return False
+        due = event.dequeue_at
+        if due is not None and due > now and (self._next_due is None or due < self._next_due):
+            self._next_due = due
+        log.debug("NOTIFY %s #%s of queue %r: wake", event.event, event.id, event.queue)
+        return True
+
+    def idle_timeout(self, now: datetime) -> timedelta:
+        """How long to sleep with nothing to do: until the next poll, or until a message
+        heard of becomes due, whichever comes first."""
+        if self._next_due is None:
+            return self.poll_interval
+        until_due = self._next_due - now
+        if until_due <= timedelta(0):
+            self._next_due = None
+            return timedelta(0)
+        return min(self.poll_interval, until_due)
+
+
+# -- outcomes -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Settlement:
+    """What to do with a message its handler is done with: the status that answers
+    success (COMPLETED, DEFERRED or DEAD), with the defer's delay or the error."""
+
+    outcome: SettleStatus
+    delay: timedelta | None = None  # DEFERRED: None is now
+    error: str | None = None  # DEAD
+
+
+SUCCESS = Settlement(SettleStatus.COMPLETED)
+# Handed back at the end of the grace period: due again now, its attempt counted, so
+# another worker takes it at once instead of after its lock expires.
+HAND_BACK = Settlement(SettleStatus.DEFERRED)
+
+
+def after_failure(message: ReceivedMessage[Any], exc: BaseException,
+                  options: Options) -> Settlement:
+    """A handler raised: dead-letter on the last allowed attempt, else defer with
+    back-off (``num_attempts`` is kept: it is the fencing token)."""
+    error = f"{type(exc).__name__}: {exc}"
+    if options.max_attempts is not None and message.num_attempts >= options.max_attempts:
+        log.error("message %s failed on attempt %s of %s, giving up: %s", message.id,
+                  message.num_attempts, options.max_attempts, error, exc_info=exc)
+        return Settlement(SettleStatus.DEAD, error=error)
+    delay = options.backoff.delay(message.num_attempts)
+    log.warning("message %s failed on attempt %s, retrying in %.1fs: %s", message.id,
+                message.num_attempts, delay.total_seconds(), error)
+    return Settlement(SettleStatus.DEFERRED, delay=delay)
+
+
+def report_settlement(message: ReceivedMessage[Any], settlement: Settlement,
+                      status: SettleStatus) -> None:
+    """Settlements are fenced: STALE (or NOT_FOUND) means the lock was lost and nothing
+    changed; the message's new holder decides its fate."""
+    if status is not settlement.outcome:
+        log.warning("message %s (attempt %s): lock lost before it could be %s (%s); "
+                    "its new holder decides its fate", message.id, message.num_attempts,
+                    settlement.outcome.value, status.value)
+
+
+def report_heartbeat(message: ReceivedMessage[Any], status: SettleStatus) -> None:
+    if status is not SettleStatus.HEARTBEATED:
+        log.warning("message %s (attempt %s): lock lost while its handler runs (%s)",
+                    message.id, message.num_attempts, status.value)
+
+
+def report_hand_back(message: ReceivedMessage[Any], status: SettleStatus) -> None:
+    log.warning("message %s still running after the grace period: handed back (%s)",
+                message.id, status.value)
+
+
+def report_tick(result: TickResult) -> None:
+    if result.work is None:
+        log.warning("periodic %r: driver lock lost (%s), tick rolled back",
+                    result.schedule.name, result.status.value)
+    elif result.work.status is CreateStatus.DROPPED:
+        log.warning("periodic %r: channel %s is full, the tick due at %s was dropped",
+                    result.schedule.name, result.schedule.channel, result.due_at)

@@ -1,0 +1,237 @@
+"""``AsyncWorker``: runs an ``async def`` handler over an :class:`~fairq.AsyncQueue`.
+
+The same worker as :class:`fairq.Worker`, with the same options and every decision
+shared with it (:mod:`fairq._work`): locks heartbeated every ``lock / 3``, back-off
+with jitter on exceptions, dead letters after ``max_attempts``, fenced settlements,
+``NOTIFY fairq`` wake-ups of its own queue with a polling fallback, periodic drivers,
+and a graceful stop. Only the running differs: each message's handler is a task of
+the caller's event loop (at most ``concurrency`` at once), and the dequeue loop,
+heartbeats and LISTEN connection are tasks beside them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta, timezone
+from typing import Generic, TypeVar
+
+import psycopg
+
+from fairq import _work, periodic
+from fairq._work import Backoff, Settlement
+from fairq.aio import AsyncQueue
+from fairq.types import AsyncMessage, SettleStatus
+
+__all__ = ["AsyncWorker"]
+
+T = TypeVar("T")
+log = _work.log
+
+
+async def settle(message: AsyncMessage[T], settlement: Settlement) -> SettleStatus:
+    """Applies a settlement through the message's queue."""
+    if settlement.outcome is SettleStatus.COMPLETED:
+        return await message.complete()
+    if settlement.outcome is SettleStatus.DEAD:
+        return await message.fail(settlement.error)
+    return await message.defer(delay=settlement.delay)
+
+
+class AsyncWorker(Generic[T]):
+    """``await worker.run()`` works until ``stop()``, or SIGTERM/SIGINT when the loop
+    runs in the main thread; the options are those of :class:`fairq.Worker`."""
+
+    def __init__(self, queue: AsyncQueue[T],
+                 handler: Callable[[AsyncMessage[T]], Awaitable[None]], *,
+                 concurrency: int = 1, lock: timedelta = timedelta(seconds=30),
+                 max_attempts: int | None = 5, backoff: Backoff = Backoff(),
+                 poll_interval: timedelta = timedelta(seconds=5),
+                 grace_period: timedelta = timedelta(seconds=30),
+                 listen: bool = True) -> None:
+        self.queue = queue
+        self.handler = handler
+        self.options = _work.Options(
+            concurrency=concurrency, lock=lock, max_attempts=max_attempts, backoff=backoff,
+            poll_interval=poll_interval, grace_period=grace_period, listen=listen)
+        self._wakeups = _work.Wakeups(_work.queue_name(queue), poll_interval)
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # while run() runs
+        self._wake = asyncio.Event()
+        self._running: dict[int, tuple[AsyncMessage[T], asyncio.Task[None]]] = {}
+
+    # -- control --------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stops taking work; ``run()`` returns once in-flight work is settled. It may
+        be called from any thread."""
+        loop = self._loop
+        if loop is None or _running_loop() is loop:
+            self._request_stop()
+        else:
+            loop.call_soon_threadsafe(self._request_stop)
+
+    def _request_stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Works until ``stop()`` (or SIGTERM/SIGINT when the loop runs in the main thread)."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        # Bound to this loop on first use; a worker may be run again in another one.
+        self._wake = asyncio.Event()
+        if self._stopping:
+            self._wake.set()
+        restore = self._install_signal_handlers(loop)
+        background = [asyncio.create_task(self._heartbeat_loop(), name="fairq-heartbeat")]
+        if self.options.listen and self.queue.conninfo is None:
+            log.warning("the queue's pool computes its conninfo: no LISTEN, polling only")
+        elif self.options.listen:
+            background.append(asyncio.create_task(self._listen_loop(), name="fairq-listen"))
+        try:
+            await self._dequeue_loop()
+            await self._drain()
+        finally:
+            # When run() returns, the worker holds no connection of its own any more.
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            restore()
+            self._loop = None
+
+    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        installed: list[signal.Signals] = []
+        for sig in previous:
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            except (NotImplementedError, RuntimeError):  # a loop without signal support
+                continue
+            installed.append(sig)
+
+        def restore() -> None:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+                # remove_signal_handler() leaves the default disposition, not what was
+                # there before us (asyncio.run's own SIGINT handler, say).
+                before = previous[sig]
+                if before is not None:
+                    signal.signal(sig, before)
+        return restore
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("received %s: stopping", sig.name)
+        self.stop()
+
+    # -- taking work ----------------------------------------------------------------
+
+    async def _dequeue_loop(self) -> None:
+        while not self._stopping:
+            free = self.options.concurrency - len(self._running)
+            if free == 0:
+                await self._wait(self.options.poll_interval)
+                continue
+            # Cleared before the dequeue: an event that arrives during it wakes the
+            # wait below instead of being lost.
+            self._wake.clear()
+            try:
+                messages = await self.queue.dequeue(self.options.lock, free)
+            except psycopg.Error:
+                log.exception("dequeue failed; retrying in %s", self.options.poll_interval)
+                await self._wait(self.options.poll_interval)
+                continue
+            for message in messages:
+                task = asyncio.create_task(self._process(message),
+                                           name=f"fairq-message-{message.id}")
+                self._running[message.id] = (message, task)
+            if len(messages) < free:
+                await self._wait(self._wakeups.idle_timeout(datetime.now(timezone.utc)))
+
+    async def _wait(self, timeout: timedelta) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), max(0.0, timeout.total_seconds()))
+        self._wake.clear()
+
+    async def _listen_loop(self) -> None:
+        conninfo = self.queue.conninfo
+        assert conninfo is not None  # run() checked it
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(conninfo,
+                                                                 autocommit=True) as conn:
+                    await conn.execute("LISTEN fairq")
+                    self._wake.set()  # anything sent before LISTEN took effect
+                    async for notify in conn.notifies():
+                        if self._wakeups.heard(notify.payload, datetime.now(timezone.utc)):
+                            self._wake.set()
+            except psycopg.Error:
+                log.warning("LISTEN connection lost; polling until it is back", exc_info=True)
+                await asyncio.sleep(self.options.poll_interval.total_seconds())
+
+    # -- doing work -----------------------------------------------------------------
+
+    async def _process(self, message: AsyncMessage[T]) -> None:
+        try:
+            if message.channel == periodic.PERIODIC_CHANNEL:
+                _work.report_tick(await self.queue.periodic_tick(message))
+                return
+            try:
+                await self.handler(message)
+            except Exception as exc:
+                settlement = _work.after_failure(message, exc, self.options)
+            else:
+                settlement = _work.SUCCESS
+            _work.report_settlement(message, settlement, await settle(message, settlement))
+        except Exception:
+            # The settlement itself failed (database gone?): the lock expires and the
+            # message comes back; nothing else to do here.
+            log.exception("message %s: could not be settled", message.id)
+        finally:
+            self._running.pop(message.id, None)
+            self._wake.set()
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.options.heartbeat_interval.total_seconds()
+        while True:
+            await asyncio.sleep(interval)
+            for message, _ in list(self._running.values()):
+                try:
+                    status = await message.heartbeat(self.options.lock)
+                except psycopg.Error:
+                    log.warning("message %s: heartbeat failed", message.id, exc_info=True)
+                    continue
+                _work.report_heartbeat(message, status)
+
+    # -- stopping -------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Waits up to the grace period for handlers, then hands back what still runs
+        and cancels its task (its outcome no longer counts: the message is not ours)."""
+        tasks = [task for _, task in self._running.values()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.options.grace_period.total_seconds())
+        left = list(self._running.values())
+        for message, _ in left:
+            try:
+                status = await settle(message, _work.HAND_BACK)
+            except psycopg.Error:
+                log.exception("message %s: could not be handed back; its lock will expire",
+                              message.id)
+                continue
+            _work.report_hand_back(message, status)
+        for _, task in left:
+            task.cancel()
+        await asyncio.gather(*(task for _, task in left), return_exceptions=True)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

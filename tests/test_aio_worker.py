@@ -1,0 +1,366 @@
+"""fairq.AsyncWorker against a real database, each scenario driven with ``asyncio.run``.
+
+Like tests/test_worker.py, the tests wait for progress (a handler started, a row
+appeared, the worker logged an event), never for time to pass: handlers are gated
+with events the test sets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from fairq import (
+    AsyncMessage,
+    AsyncQueue,
+    AsyncWorker,
+    Backoff,
+    NewMessage,
+    Queue,
+    SettleStatus,
+)
+from fairq.types import CreateStatus
+from test_worker import FAST, LISTENING, _log, _marks, _probe, _worker_process, phases_logged
+
+TIMEOUT = 60.0  # a failure net only
+
+
+async def until(condition: Callable[[], Any] | Callable[[], Awaitable[Any]],
+                timeout: float = TIMEOUT) -> Any:
+    """Polls until ``condition()`` (maybe a coroutine) is truthy and returns it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+async def fetch(dsn: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(query, params)  # type: ignore[arg-type]
+        return await cur.fetchall()
+
+
+async def completions(dsn: str) -> list[tuple[int, int]]:
+    """(id, num_attempts) of every completion, from fairq.message_history."""
+    rows = await fetch(dsn, "SELECT id, num_attempts FROM fairq.message_history"
+                            " WHERE outcome = 'completed' ORDER BY id")
+    return [(int(i), int(n)) for i, n in rows]
+
+
+@asynccontextmanager
+async def running(worker: AsyncWorker[Any]) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(worker.run())
+    try:
+        yield task
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+
+
+@pytest.fixture
+def hdsn(dsn: str) -> str:
+    """The test database, with fairq.history on for every session."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} SET fairq.history = on")
+                     .format(sql.Identifier(conn.info.dbname)))
+    return dsn
+
+
+def test_handlers_run_as_concurrent_tasks_and_complete(hdsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send_many([NewMessage(f"c{i}", b"job") for i in range(4)])
+            now_running: set[int] = set()
+            peak = 0
+            all_running = asyncio.Event()
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                nonlocal peak
+                now_running.add(message.id)
+                peak = max(peak, len(now_running))
+                if peak == 4:
+                    all_running.set()
+                # Each runs until all four run at once: one after another never gets there.
+                await asyncio.wait_for(all_running.wait(), 20)
+                now_running.remove(message.id)
+
+            async with running(AsyncWorker(queue, handler, concurrency=4, **FAST)):
+                await until(lambda: _count_is(completions(hdsn), 4))
+            assert peak == 4
+            assert sorted(await completions(hdsn)) == sorted((r.id, 1) for r in sent)
+    asyncio.run(scenario())
+
+
+async def _count_is(rows: Awaitable[list[Any]], n: int) -> bool:
+    return len(await rows) == n
+
+
+def test_failures_back_off_then_give_up(hdsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send("flaky", b"job")
+            calls: list[tuple[int, float]] = []
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                calls.append((message.num_attempts, time.monotonic()))
+                raise ValueError("nope")
+
+            backoff = Backoff(base=timedelta(milliseconds=200), cap=timedelta(seconds=1))
+            async with running(AsyncWorker(queue, handler, max_attempts=3, backoff=backoff,
+                                           **FAST)):
+                [dead] = await until(queue.dead_letters)
+            assert (dead.id, dead.num_attempts, dead.error) == (sent.id, 3, "ValueError: nope")
+            assert [n for n, _ in calls] == [1, 2, 3]
+            # Equal jitter: at least half the doubling delay (0.2 s, then 0.4 s) passes.
+            assert calls[1][1] - calls[0][1] >= 0.1
+            assert calls[2][1] - calls[1][1] >= 0.2
+    asyncio.run(scenario())
+
+
+def test_a_transient_failure_is_retried_and_completed(hdsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send("flaky", b"job")
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                if message.num_attempts == 1:
+                    raise ConnectionError("try again")
+
+            backoff = Backoff(base=timedelta(milliseconds=50))
+            async with running(AsyncWorker(queue, handler, backoff=backoff, **FAST)):
+                await until(lambda: completions(hdsn))
+            assert await completions(hdsn) == [(sent.id, 2)]
+            assert await queue.dead_letters() == []
+    asyncio.run(scenario())
+
+
+def test_heartbeat_keeps_a_short_lock_through_a_long_handler(hdsn: str) -> None:
+    lock = timedelta(seconds=1)
+
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue, AsyncQueue(hdsn) as thief:
+            sent = await queue.send("long", b"job")
+            attempts: list[int] = []
+            release = asyncio.Event()
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                attempts.append(message.num_attempts)
+                await asyncio.wait_for(release.wait(), 120)
+
+            async def lock_state() -> tuple[Any, Any]:
+                """(locked_until of the message, fairq.clock()) in one statement."""
+                [row] = await fetch(hdsn, "SELECT locked_until, fairq.clock() FROM fairq.message"
+                                          " WHERE id = %s", sent.id)
+                return row[0], row[1]
+
+            async with running(AsyncWorker(queue, handler, lock=lock, **FAST)):
+                await until(lambda: attempts)
+                first_until, _ = await lock_state()
+                # The handler runs until the database clock is two lock lengths past the
+                # first lock's expiry; meanwhile a consumer tries to take the message.
+                renewed_until, now = first_until, None
+                deadline = time.monotonic() + 120  # a failure net
+                while now is None or now <= first_until + 2 * lock:
+                    assert time.monotonic() < deadline, "the database clock did not advance"
+                    renewed_until, now = await lock_state()
+                    assert await thief.dequeue(timedelta(seconds=10)) == []
+                    await asyncio.sleep(0.05)
+                release.set()
+                await until(lambda: completions(hdsn))
+            assert renewed_until > first_until + lock  # renewed by heartbeats, more than once
+            assert attempts == [1]
+            assert await completions(hdsn) == [(sent.id, 1)]
+    asyncio.run(scenario())
+
+
+def test_a_stale_message_is_not_completed(hdsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue, AsyncQueue(hdsn) as other:
+            await queue.send("s", b"job")
+            handled = asyncio.Event()
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                # Someone else takes the message away mid-handler (as an expired lock would).
+                status = await other.defer(message, delay=timedelta(hours=1))
+                assert status is SettleStatus.DEFERRED
+                handled.set()
+
+            async with running(AsyncWorker(queue, handler, **FAST)):
+                await until(handled.is_set)
+                await until(lambda: "lock lost" in caplog.text)
+            assert await completions(hdsn) == []
+            [stats] = await queue.channels("s")
+            assert (stats.scheduled, stats.in_flight) == (1, 0)
+
+    with caplog.at_level(logging.WARNING, logger="fairq.worker"):
+        asyncio.run(scenario())
+
+
+def test_stop_lets_running_handlers_finish_and_takes_nothing_new(hdsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send_many([NewMessage(f"g{i}", b"job") for i in range(3)])
+            started: list[int] = []
+            release = asyncio.Event()
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                started.append(message.id)
+                await asyncio.wait_for(release.wait(), 60)
+
+            worker = AsyncWorker(queue, handler, concurrency=2, **FAST)
+            task = asyncio.create_task(worker.run())
+            await until(lambda: len(started) == 2)
+            worker.stop()
+            # The handlers are let go only once the worker has been told to stop.
+            release.set()
+            await asyncio.wait_for(task, 30)
+            done = await completions(hdsn)
+            assert sorted(i for i, _ in done) == sorted(started)
+            [left] = await queue.dequeue(timedelta(seconds=30), 10)
+            assert {left.id} == {r.id for r in sent} - set(started)
+            assert (left.num_attempts, left.recovered) == (1, False)  # never taken before
+    asyncio.run(scenario())
+
+
+def test_work_that_outlives_the_grace_period_is_handed_back_and_cancelled(hdsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send("t", b"job")
+            started = asyncio.Event()
+            cancelled = asyncio.Event()
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                started.set()
+                try:
+                    await asyncio.sleep(3600)  # never finishes by itself
+                except asyncio.CancelledError:
+                    cancelled.set()
+                    raise
+
+            worker = AsyncWorker(queue, handler, lock=timedelta(seconds=30),
+                                 grace_period=timedelta(milliseconds=300),
+                                 poll_interval=FAST["poll_interval"])
+            task = asyncio.create_task(worker.run())
+            await asyncio.wait_for(started.wait(), TIMEOUT)
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+            assert cancelled.is_set()
+            # Back at once (deferred, not waiting 30 s for its lock), its attempt counted.
+            [msg] = await queue.dequeue(timedelta(seconds=30))
+            assert (msg.id, msg.num_attempts, msg.recovered) == (sent.id, 2, False)
+            assert await completions(hdsn) == []
+    asyncio.run(scenario())
+
+
+def test_periodic_drivers_are_ticked_not_handed_to_the_handler(hdsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            first = await queue.schedule_periodic("report", timedelta(milliseconds=300),
+                                                  "reports", b"make report")
+            assert first.status is CreateStatus.CREATED
+            work: list[tuple[str, bytes]] = []
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                work.append((message.channel, message.content))
+
+            async with running(AsyncWorker(queue, handler, **FAST)):
+                await until(lambda: len(work) >= 3)
+            assert set(work) == {("reports", b"make report")}
+            [stats] = await queue.channels("fairq.periodic")
+            assert stats.size == 1  # the driver never completes
+    asyncio.run(scenario())
+
+
+# -- NOTIFY -----------------------------------------------------------------------------
+
+def test_wakes_on_its_queues_notify_and_not_on_another_queues(hdsn: str) -> None:
+    """With polling out of the picture (an hour), only NOTIFY wakes the worker: a
+    message sent (its event names no queue: "default") is handled, while an event of
+    the queue "emails" heard before it caused no dequeue."""
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            calls: list[str] = []  # the phase of each dequeue, when it was called
+            dequeue = queue.dequeue
+
+            async def counting(*args: Any, **kwargs: Any) -> Any:
+                calls.append(log.phase)
+                return await dequeue(*args, **kwargs)
+
+            queue.dequeue = counting  # type: ignore[method-assign]
+            handled = asyncio.Event()
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                handled.set()
+
+            worker = AsyncWorker(queue, handler, poll_interval=timedelta(hours=1),
+                                 grace_period=timedelta(seconds=5))
+            with phases_logged({-1: "ready", -2: "foreign"}) as log:
+                async with running(worker):
+                    await until(lambda: _first_count(fetch(hdsn, LISTENING)))
+                    # A probe of the default queue: once a dequeue followed it, the
+                    # worker has nothing pending and sleeps for an hour.
+                    await fetch(hdsn, "SELECT pg_notify('fairq', %s)", _probe(None, -1))
+                    await until(lambda: "ready" in calls)
+                    await fetch(hdsn, "SELECT pg_notify('fairq', %s)", _probe("emails", -2))
+                    await until(lambda: -2 in log.heard)
+                    log.phase = "send"
+                    sent = await queue.send("a", b"job")  # its NOTIFY wakes the worker
+                    await asyncio.wait_for(handled.wait(), TIMEOUT)
+            assert "ignored" in log.heard[-2], log.heard
+            assert "foreign" not in calls, calls
+            assert [i for i, _ in await completions(hdsn)] == [sent.id]
+    asyncio.run(scenario())
+
+
+async def _first_count(rows: Awaitable[list[tuple[Any, ...]]]) -> bool:
+    return bool((await rows)[0][0])
+
+
+# -- the CLI ----------------------------------------------------------------------------
+
+def test_fairq_worker_runs_a_coroutine_handler_and_stops_on_sigterm(hdsn: str,
+                                                                    tmp_path: Path) -> None:
+    """`fairq worker module:coroutine` runs an AsyncWorker; SIGTERM (taken by the event
+    loop's signal handler) lets the running handler finish and takes nothing new."""
+    with Queue(hdsn) as setup:
+        ids = [r.id for r in setup.send_many([NewMessage(f"t{i}", b"120") for i in range(3)])]
+    proc = _worker_process(hdsn, tmp_path, "--concurrency", "2", "--lock", "1", "--grace", "60",
+                           handler="worker_handlers:gated_async")
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while len(_marks(tmp_path, "started")) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, _log(tmp_path)
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        while "received SIGTERM" not in _log(tmp_path):
+            assert time.monotonic() < deadline and proc.poll() is None, _log(tmp_path)
+            time.sleep(0.05)
+        in_flight = _marks(tmp_path, "started")
+        (tmp_path / "release").touch()
+        assert proc.wait(timeout=60) == 0, _log(tmp_path)
+    finally:
+        proc.kill()
+    assert len(in_flight) == 2
+    assert _marks(tmp_path, "done") == in_flight  # finished within the grace period
+    with psycopg.connect(hdsn) as conn:
+        done = {r[0] for r in conn.execute("SELECT id FROM fairq.message_history"
+                                           " WHERE outcome = 'completed'")}
+        left = {r[0] for r in conn.execute("SELECT id FROM fairq.message")}
+    assert done == in_flight
+    assert left == set(ids) - in_flight

@@ -1,0 +1,233 @@
+"""Periodic schedules: by interval or by cron expression, ticked by ``periodic_tick``.
+
+Cron ticks are checked where they land, in the driver's ``dequeue_at`` and in what
+``periodic_tick`` computes for a given ``now``, never by waiting for the wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+
+from fairq import AsyncQueue, CreateStatus, Message, Queue, SettleStatus, Worker
+from fairq.codecs import BytesCodec
+from fairq.periodic import PERIODIC_CHANNEL, Schedule, tick
+from fairq.types import ReceivedMessage
+from test_worker import FAST, eventually, running
+
+UTC = timezone.utc
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text).astimezone(UTC)
+
+
+@pytest.fixture
+def queue(dsn: str) -> Iterator[Queue[bytes]]:
+    with Queue(dsn) as q:
+        yield q
+
+
+def driver_row(dsn: str) -> tuple[int, datetime, int]:
+    """(id, dequeue_at, num_attempts) of the one driver message."""
+    with psycopg.connect(dsn) as conn:
+        [row] = conn.execute("SELECT m.id, m.dequeue_at, m.num_attempts FROM fairq.message m"
+                             " JOIN fairq.channel c ON c.id = m.channel_id"
+                             " WHERE c.name = %s", (PERIODIC_CHANNEL,)).fetchall()
+    return int(row[0]), row[1], int(row[2])
+
+
+def work_messages(dsn: str, channel: str) -> list[bytes]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT m.content FROM fairq.message m"
+                            " JOIN fairq.channel c ON c.id = m.channel_id"
+                            " WHERE c.name = %s ORDER BY m.id", (channel,)).fetchall()
+    return [bytes(r[0]) for r in rows]
+
+
+# -- the schedule's arithmetic ----------------------------------------------------------
+
+def cron(expr: str, zone: str | None = None) -> Schedule:
+    return Schedule("s", None, "c", b"", cron=expr, timezone=zone)
+
+
+def test_a_cron_schedule_starts_at_its_first_time_at_or_after_start_at() -> None:
+    now = at("2026-11-23T10:02:30+00:00")
+    every5 = cron("*/5 * * * *")
+    assert every5.first_at(None, now) == at("2026-11-23T10:05:00+00:00")
+    assert every5.first_at(at("2026-11-23T10:10:00+00:00"), now) == at("2026-11-23T10:10:00+00:00")
+    assert every5.first_at(at("2026-11-23T10:10:00.5+00:00"), now) == at("2026-11-23T10:15:00+00:00")
+    # An interval schedule starts at start_at, or (None) at the database's now.
+    interval = Schedule("s", timedelta(minutes=5), "c", b"")
+    assert interval.first_at(None, now) is None
+    assert interval.first_at(now, now) == now
+
+
+def test_cron_times_are_utc_unless_a_time_zone_is_given() -> None:
+    nine = cron("0 9 * * *")
+    assert nine.first_at(at("2026-01-10T00:00:00+00:00"), at("2026-01-01T00:00:00+00:00")) \
+        == at("2026-01-10T09:00:00+00:00")
+    riga = cron("0 9 * * *", "Europe/Riga")  # UTC+2 in winter, UTC+3 in summer
+    assert riga.first_at(at("2026-01-10T00:00:00+00:00"), at("2026-01-01T00:00:00+00:00")) \
+        == at("2026-01-10T07:00:00+00:00")
+    assert riga.first_at(at("2026-07-10T00:00:00+00:00"), at("2026-07-01T00:00:00+00:00")) \
+        == at("2026-07-10T06:00:00+00:00")
+    # Across the spring DST change (2026-03-29, 03:00 -> 04:00 local), 09:00 stays 09:00.
+    assert riga.next_after(at("2026-03-28T07:00:00+00:00"), at("2026-03-28T07:00:01+00:00")) \
+        == at("2026-03-29T06:00:00+00:00")
+
+
+def test_a_time_zone_follows_debian_crons_dst_rules() -> None:
+    night = cron("30 3 * * *", "Europe/Riga")
+    # Spring (2026-03-29): 03:00 jumps to 04:00; the skipped 03:30 runs at 04:00.
+    assert night.next_after(at("2026-03-28T01:30:00+00:00"), at("2026-03-28T01:30:01+00:00")) \
+        == at("2026-03-29T01:00:00+00:00")
+    # Autumn (2026-10-25): 04:00 goes back to 03:00; 03:30 comes twice and runs once.
+    first = night.next_after(at("2026-10-24T00:30:00+00:00"), at("2026-10-24T00:30:01+00:00"))
+    assert first == at("2026-10-25T00:30:00+00:00")  # 03:30 summer time
+    assert night.next_after(first, first) == at("2026-10-26T01:30:00+00:00")  # not 01:30 on the 25th
+
+
+def test_missed_ticks_are_skipped_not_replayed() -> None:
+    every5 = cron("*/5 * * * *")
+    due = at("2026-11-23T10:00:00+00:00")
+    assert every5.next_after(due, due) == at("2026-11-23T10:05:00+00:00")
+    # A worker that was down for an hour: one tick now, then the next on the schedule.
+    assert every5.next_after(due, at("2026-11-23T11:02:00+00:00")) == at("2026-11-23T11:05:00+00:00")
+    assert every5.next_after(due, at("2026-11-23T11:05:00+00:00")) == at("2026-11-23T11:10:00+00:00")
+    # A worker whose clock is behind the database's still moves past the tick it ran.
+    assert every5.next_after(due, at("2026-11-23T09:59:58+00:00")) == at("2026-11-23T10:05:00+00:00")
+    interval = Schedule("s", timedelta(minutes=5), "c", b"")
+    assert interval.next_after(due, at("2026-11-23T11:02:00+00:00")) == at("2026-11-23T11:05:00+00:00")
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"interval": None, "cron": None},
+    {"interval": timedelta(minutes=1), "cron": "* * * * *"},
+    {"interval": timedelta(0)},
+    {"interval": None, "cron": "every monday"},
+    {"interval": None, "cron": "61 * * * *"},
+    {"interval": None, "cron": "0 9 * * *", "timezone": "Mars/Olympus_Mons"},
+    {"interval": timedelta(minutes=1), "timezone": "Europe/Riga"},
+])
+def test_a_schedule_needs_exactly_one_valid_interval_or_cron(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        Schedule("s", channel="c", content=b"", **kwargs)
+
+
+def test_a_schedule_round_trips_through_its_driver_content() -> None:
+    for sched in (Schedule("s", timedelta(seconds=90), "c", b"\x00x", 3),
+                  Schedule("s", None, "c", b"y", 1, cron="0 9 * * MON", timezone="Europe/Riga")):
+        assert Schedule.decode(sched.encode()) == sched
+    # A driver written by fairq 0.6.0 (no cron keys) still reads.
+    old = (b'{"name": "r", "interval_ms": 300, "channel": "c", "priority": 0,'
+           b' "content": "eA=="}')
+    assert Schedule.decode(old) == Schedule("r", timedelta(milliseconds=300), "c", b"x")
+
+
+def test_a_tick_is_keyed_by_its_due_time() -> None:
+    sched = cron("*/5 * * * *")
+    driver = ReceivedMessage(9, PERIODIC_CHANNEL, sched.encode(), None, 4, 0,
+                             at("2026-11-23T10:00:00+00:00"), False, codec=BytesCodec())
+    t = tick(driver, at("2026-11-23T10:00:01+00:00"), "emails")
+    assert (t.due_at, t.next_at) == (driver.dequeue_at, at("2026-11-23T10:05:00+00:00"))
+    assert t.work.params["dedup_key"] == f"{PERIODIC_CHANNEL}:9@2026-11-23T10:00:00+00:00"
+    assert t.work.params["queue"] == "emails"  # the work goes to the driver's queue
+    assert (t.reschedule.params["n"], t.reschedule.params["dequeue_at"]) == (4, t.next_at)
+
+
+# -- against the database ---------------------------------------------------------------
+
+def test_a_cron_driver_is_created_at_its_first_tick(queue: Queue[bytes], dsn: str) -> None:
+    start = at("2026-11-23T10:02:30+00:00")
+    created = queue.schedule_periodic("five", None, "reports", b"r", cron="*/5 * * * *",
+                                      start_at=start)
+    assert created.status is CreateStatus.CREATED
+    again = queue.schedule_periodic("five", None, "reports", b"other", cron="0 * * * *")
+    assert (again.status, again.id) == (CreateStatus.DUPLICATE, created.id)
+    assert driver_row(dsn)[1] == at("2026-11-23T10:05:00+00:00")
+    with pytest.raises(ValueError):
+        queue.schedule_periodic("bad", timedelta(minutes=5), "reports", b"r", cron="* * * * *")
+
+
+def test_periodic_tick_fires_once_and_moves_the_driver_to_the_next_cron_time(
+        queue: Queue[bytes], dsn: str) -> None:
+    # Scheduled in the past: the driver is due at once, with an hour of ticks missed.
+    queue.schedule_periodic("five", None, "reports", b"r", cron="*/5 * * * *",
+                            start_at=datetime.now(UTC) - timedelta(hours=1))
+    [driver] = queue.dequeue(timedelta(seconds=30))
+    assert driver.channel == PERIODIC_CHANNEL
+    now = datetime.now(UTC)
+    result = queue.periodic_tick(driver, now=now)
+    assert result.status is SettleStatus.DEFERRED
+    assert result.work is not None and result.work.status is CreateStatus.CREATED
+    assert result.due_at == driver.dequeue_at
+    expected = cron("*/5 * * * *").next_after(driver.dequeue_at, now)
+    assert result.next_at == expected > now
+    assert expected.minute % 5 == 0 and (expected.second, expected.microsecond) == (0, 0)
+    driver_id, dequeue_at, attempts = driver_row(dsn)
+    assert (driver_id, dequeue_at, attempts) == (driver.id, expected, 1)
+    assert work_messages(dsn, "reports") == [b"r"]  # one message, not twelve
+
+
+def test_periodic_tick_of_a_driver_no_longer_ours_changes_nothing(queue: Queue[bytes],
+                                                                  dsn: str) -> None:
+    queue.schedule_periodic("p", timedelta(minutes=1), "reports", b"r")
+    [driver] = queue.dequeue(timedelta(seconds=30))
+    # Its lock lapsed and it went elsewhere (here: handed back by someone else).
+    assert queue.defer(driver) is SettleStatus.DEFERRED
+    handed_back = driver_row(dsn)
+    result = queue.periodic_tick(driver)
+    assert (result.status, result.work) == (SettleStatus.STALE, None)
+    assert work_messages(dsn, "reports") == []
+    assert driver_row(dsn) == handed_back  # not rescheduled either
+
+
+def test_periodic_tick_joins_the_callers_transaction(queue: Queue[bytes], dsn: str) -> None:
+    queue.schedule_periodic("p", timedelta(minutes=1), "reports", b"r")
+    [driver] = queue.dequeue(timedelta(seconds=30))
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        result = queue.periodic_tick(driver, conn=conn)  # a savepoint inside the caller's
+        raise psycopg.Rollback
+    assert result.work is not None  # it ran, but was rolled back with the caller
+    assert work_messages(dsn, "reports") == []
+
+
+def test_async_periodic_tick_and_cron_schedule(dsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(dsn) as queue:
+            await queue.schedule_periodic("five", None, "reports", b"r", cron="*/5 * * * *",
+                                          start_at=datetime.now(UTC) - timedelta(hours=1))
+            [driver] = await queue.dequeue(timedelta(seconds=30))
+            now = datetime.now(UTC)
+            result = await queue.periodic_tick(driver, now=now)
+            assert result.work is not None and result.work.status is CreateStatus.CREATED
+            assert result.next_at == cron("*/5 * * * *").next_after(driver.dequeue_at, now)
+    asyncio.run(scenario())
+    assert driver_row(dsn)[1] > datetime.now(UTC)
+    assert work_messages(dsn, "reports") == [b"r"]
+
+
+def test_a_worker_ticks_a_cron_schedule_at_its_computed_time(queue: Queue[bytes],
+                                                            dsn: str) -> None:
+    """A worker that was down for the last hour of a five-minute cron schedule sends
+    one message, and leaves the driver due at the next five-minute mark."""
+    queue.schedule_periodic("five", None, "reports", b"r", cron="*/5 * * * *",
+                            start_at=datetime.now(UTC) - timedelta(hours=1))
+    _, first_due, _ = driver_row(dsn)
+    before = datetime.now(UTC)
+    work: list[Message[bytes]] = []
+    with running(Worker(queue, work.append, **FAST)):
+        eventually(lambda: work)
+        eventually(lambda: driver_row(dsn)[2] == 1 and driver_row(dsn)[1] != first_due)
+    after = datetime.now(UTC)
+    _, due, attempts = driver_row(dsn)
+    every5 = cron("*/5 * * * *")
+    assert due in {every5.next_after(first_due, before), every5.next_after(first_due, after)}
+    assert [m.content for m in work] == [b"r"]
+    assert attempts == 1
