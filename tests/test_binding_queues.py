@@ -109,6 +109,19 @@ def test_a_periodic_schedule_ticks_in_its_own_queue(dsn: str) -> None:
         assert [s.channel for s in emails.channels()] == ["fairq.periodic"]
 
 
+def test_async_periodic_ticks_in_its_own_queue(dsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(dsn, name="emails") as emails, AsyncQueue(dsn) as default:
+            await emails.schedule_periodic("digest", timedelta(hours=1), "digests", b"send")
+            [driver] = await emails.dequeue(LOCK)
+            result = await emails.periodic_tick(driver)
+            assert result.work is not None and result.work.status is CreateStatus.CREATED
+            assert [(s.channel, s.size) for s in await emails.channels()] == [
+                ("digests", 1), ("fairq.periodic", 1)]
+            assert await default.channels() == []
+    asyncio.run(scenario())
+
+
 def test_async_queues_are_independent(dsn: str) -> None:
     async def scenario() -> None:
         async with AsyncQueue(dsn, name="emails") as emails, AsyncQueue(dsn) as default:

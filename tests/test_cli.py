@@ -206,12 +206,15 @@ def test_dead_letters_are_listed_per_queue(dsn: str) -> None:
     assert "default failed" in fairq("dead", "list", dsn=dsn).stdout
 
 
-def test_send_and_worker_on_a_named_queue(dsn: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("handler", ["worker_handlers:gated", "worker_handlers:gated_async"])
+def test_send_and_worker_on_a_named_queue(dsn: str, tmp_path: Path, handler: str) -> None:
+    """`fairq worker --queue` serves that queue, with a Worker (a function) or an
+    AsyncWorker (a coroutine function)."""
     for queue in ("emails", "default"):
         sent = fairq("send", "t", "60", "--queue", queue, dsn=dsn)
         assert sent.returncode == 0, sent.stderr
     (tmp_path / "release").touch()  # the handler finishes at once
-    proc = _worker_process(dsn, tmp_path, "--queue", "emails")
+    proc = _worker_process(dsn, tmp_path, "--queue", "emails", handler=handler)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             def emails_done() -> bool:
