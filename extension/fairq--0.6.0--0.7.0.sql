@@ -133,6 +133,12 @@ DROP FUNCTION fairq.next_turn(timestamptz, timestamptz, timestamptz, bigint, int
 DROP FUNCTION fairq.producer_lock_key(text);
 DROP FUNCTION fairq.channel_quiet(text);
 
+-- A database with nothing in it has no queue yet, as a fresh install.
+DELETE FROM fairq.queue q
+ WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.queue_id = q.id)
+   AND NOT EXISTS (SELECT 1 FROM fairq.dead_letter d WHERE d.queue = q.name)
+   AND NOT EXISTS (SELECT 1 FROM fairq.message_history h WHERE h.queue = q.name);
+
 CREATE OR REPLACE FUNCTION fairq.require_weight(p_value integer, p_name text) RETURNS integer
 LANGUAGE plpgsql IMMUTABLE
 AS $$
@@ -1707,8 +1713,11 @@ SELECT q.name AS queue,
        n.ready,
        n.scheduled,
        n.in_flight,
-       -- in the rotation: now
-       CASE WHEN c.turn_at IS NOT NULL THEN GREATEST(c.turn_at, k.now) END AS next_dequeue_at
+       -- In the rotation: now. A wake not yet applied gives its time; a paused queue
+       -- serves nothing before its pause ends.
+       CASE WHEN w.turn_at IS NOT NULL
+            THEN GREATEST(w.turn_at, k.now, CASE WHEN q.paused_until > k.now THEN q.paused_until END)
+       END AS next_dequeue_at
   FROM fairq.channel c
   JOIN fairq.queue q ON q.id = c.queue_id
  -- A scalar subquery, evaluated once: joined as a table, the one-row clock_offset
@@ -1724,8 +1733,14 @@ SELECT q.name AS queue,
               (SELECT count(*)::integer FROM fairq.message m
                 WHERE m.channel_id = c.id AND m.status = 'locked') AS in_flight
        ) n
- -- An idle channel without policy is only kept for the collector: not shown.
- WHERE c.has_policy OR n.ready + n.scheduled + n.in_flight > 0;
+ CROSS JOIN LATERAL (
+       SELECT coalesce(c.turn_at,
+                       CASE WHEN c.max_concurrency IS NULL OR c.in_flight < c.max_concurrency
+                            THEN (SELECT min(GREATEST(x.due_at, x.woken_at, c.paused_until))
+                                    FROM fairq.channel_wake x WHERE x.channel_id = c.id) END) AS turn_at
+       ) w
+ -- An idle channel without policy or pause is only kept for the collector: not shown.
+ WHERE c.has_policy OR c.paused_until > k.now OR n.ready + n.scheduled + n.in_flight > 0;
 
 CREATE OR REPLACE VIEW fairq.dead_letters AS
 SELECT id, queue, channel, content, state, num_attempts, error, created_at, died_at
@@ -1786,7 +1801,7 @@ COMMENT ON FUNCTION fairq.grant_observer(regrole) IS
 
 -- The views created anew, described again.
 COMMENT ON VIEW fairq.channels IS
-    'Every channel with a policy or messages (idle channels kept for the collector are not shown), by queue, with its policy, weight and pause and its contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when it may next be served; NULL when empty or at max_concurrency).';
+    'Every channel with a policy, a pause or messages (idle channels kept for the collector are not shown), by queue, with its policy, weight and pause and its contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when it may next be served; NULL when empty or at max_concurrency).';
 COMMENT ON VIEW fairq.queues IS
     'Every queue: its channels (as fairq.channels shows them), messages (size, ready, scheduled, in_flight), dead letters, and the end of its pause.';
 COMMENT ON VIEW fairq.dead_letters IS
