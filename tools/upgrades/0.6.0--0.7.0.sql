@@ -67,7 +67,21 @@ ALTER TABLE fairq.dead_letter ALTER COLUMN queue DROP DEFAULT;
 CREATE INDEX dead_letter_queue_died_at_ix ON fairq.dead_letter (queue, died_at);
 
 -- The history's queue comes second (SPEC), so the table is built anew.
-CREATE TABLE fairq.message_history_0_7 (
+-- (Leaving the extension first also takes the old table off the tables pg_dump backs
+-- up. A plain install, `fairq upgrade`, has no extension.)
+DO $leave$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'fairq') THEN
+        ALTER EXTENSION fairq DROP TABLE fairq.message_history;
+    END IF;
+END
+$leave$;
+-- (The rows wait in a copy without constraints, so that the new table's constraints
+-- get their usual names: PostgreSQL 18 names NOT NULL constraints too, uniquely in
+-- the schema.)
+CREATE TABLE fairq.message_history_0_6 AS SELECT * FROM fairq.message_history;
+DROP TABLE fairq.message_history;
+CREATE TABLE fairq.message_history (
     id                bigint      NOT NULL,
     queue             text        NOT NULL,
     channel           text        NOT NULL,
@@ -78,22 +92,10 @@ CREATE TABLE fairq.message_history_0_7 (
     num_attempts      bigint      NOT NULL,
     outcome           text        NOT NULL CHECK (outcome IN ('completed', 'dead', 'cancelled'))
 );
-INSERT INTO fairq.message_history_0_7
+INSERT INTO fairq.message_history
 SELECT id, 'default', channel, priority, created_at, first_dequeued_at, settled_at, num_attempts, outcome
-  FROM fairq.message_history;
--- (Leaving the extension first also takes it off the tables pg_dump backs up. A
--- plain install, `fairq upgrade`, has no extension.)
-DO $leave$
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'fairq') THEN
-        ALTER EXTENSION fairq DROP TABLE fairq.message_history;
-    END IF;
-END
-$leave$;
-DROP TABLE fairq.message_history;
-ALTER TABLE fairq.message_history_0_7 RENAME TO message_history;
-ALTER TABLE fairq.message_history RENAME CONSTRAINT message_history_0_7_outcome_check
-                                               TO message_history_outcome_check;
+  FROM fairq.message_history_0_6;
+DROP TABLE fairq.message_history_0_6;
 CREATE INDEX message_history_settled_at_ix ON fairq.message_history (settled_at);
 CREATE INDEX message_history_id_ix ON fairq.message_history (id);
 REVOKE ALL ON fairq.message_history FROM PUBLIC;
