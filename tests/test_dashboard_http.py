@@ -266,3 +266,10 @@ def test_a_wrong_database_fails_at_start(dsn: str) -> None:
                           "--port", "0"], capture_output=True, text=True)
     assert out.returncode == 1
     assert 'database "no_such_database" does not exist' in out.stderr
+
+
+def test_the_cli_hands_both_commands_their_command_line() -> None:
+    for command in ("dashboard", "metrics"):
+        out = subprocess.run([sys.executable, "-m", "fairq", command, "--help"],
+                             capture_output=True, text=True, check=True)
+        assert out.stdout.startswith(f"usage: fairq {command}"), out.stdout

@@ -185,7 +185,9 @@ class Dashboard:
         html = self.templates.get_template(template).render(
             settings=self.settings, read_only=self.settings.read_only, role=self.role,
             role_may_act=self.role_may_act, csrf_field=FIELD, csrf_token=self.csrf.token(session),
-            refresh_ms=int(self.settings.interval.total_seconds() * 1000),
+            # An error page answers a POST: fetching its address again would not do.
+            refresh_ms=0 if template == "error.html"
+            else int(self.settings.interval.total_seconds() * 1000),
             snapshot=snapshot, sampler_error=self.sampler.error, here=here,
             notice=request.query_params.get("notice"), pauses=PAUSES,
             **{"active": None, "back": "/", **context})
@@ -202,7 +204,7 @@ class Dashboard:
 
     def chart(self, conn: psycopg.Connection[Any], snapshot: Snapshot) -> Chart:
         """The chart, read at most once per snapshot (the history's last hour may be
-        many rows)."""
+        many rows). Two requests at once may both draw it: harmless, so no lock."""
         if self._chart is not None and self._chart[0] == snapshot.taken_at:
             return self._chart[1]
         chart = history_chart(conn, snapshot.taken_at) if snapshot.history else None

@@ -228,16 +228,17 @@ def role_summary(conn: Connection) -> tuple[str, bool]:
 def queues(conn: Connection, with_oldest: bool) -> list[QueueRow]:
     """Every queue (fairq.queues), with its oldest ready message's wait when readable.
     The view sums fairq.channels, so its cost grows with the number of channels."""
-    oldest = "NULL::float8"
+    oldest, join = "NULL::float8", ""
     if with_oldest:
-        # A scan of fairq.message: no index leads with the queue and the status.
-        oldest = ("(SELECT extract(epoch FROM clock_timestamp() - min(m.dequeue_at))::float8"
-                  "   FROM fairq.message m JOIN fairq.queue iq ON iq.id = m.queue_id"
-                  "  WHERE iq.name = v.queue AND (m.status = 'ready' OR (m.status = 'scheduled'"
-                  "        AND m.dequeue_at <= clock_timestamp())))")
+        # One scan of fairq.message for every queue: no index leads with the status.
+        oldest = "extract(epoch FROM clock_timestamp() - o.oldest)::float8"
+        join = ("LEFT JOIN (SELECT q.name, min(m.dequeue_at) AS oldest FROM fairq.message m"
+                " JOIN fairq.queue q ON q.id = m.queue_id WHERE m.status = 'ready'"
+                " OR (m.status = 'scheduled' AND m.dequeue_at <= clock_timestamp())"
+                " GROUP BY q.name) o ON o.name = v.queue")
     query = (f"SELECT v.queue, v.channels, v.size, v.ready, v.scheduled, v.in_flight, v.dead,"
              f" {_PAUSE.format(col='v.paused_until')}, {oldest} AS oldest_ready_s"
-             f" FROM fairq.queues v ORDER BY v.queue")
+             f" FROM fairq.queues v {join} ORDER BY v.queue")
     return [QueueRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], Pause(r[7], r[8]), r[9])
             for r in conn.execute(query)]
 

@@ -5,7 +5,8 @@
   "use strict";
   const main = document.querySelector("main[data-refresh-ms]");
   const status = document.getElementById("live-status");
-  if (!main || !status) {
+  const every = main ? Number(main.dataset.refreshMs) : 0;
+  if (!status || !every) {
     return;
   }
   // A notice ("dead letter 7: requeued") is shown once: a reload must not repeat it.
@@ -39,5 +40,5 @@
       status.classList.add("stale");
     }
   }
-  window.setInterval(refresh, Number(main.dataset.refreshMs) || 5000);
+  window.setInterval(refresh, every);
 })();
