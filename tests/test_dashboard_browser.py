@@ -29,6 +29,7 @@ from dashboard_scene import (
     observer_dsn,
 )
 from fairq.dashboard.app import Settings
+from fairq.dashboard.csrf import COOKIE
 from fairq.dashboard.server import Running, start
 
 if os.environ.get("CI") != "true":
@@ -61,6 +62,8 @@ def dashboard() -> Iterator[Any]:
         options.setdefault("interval", timedelta(seconds=30))
         running.append(start(Settings(dsn, **options)))
         return running[-1].url.rstrip("/")
+
+    serve.running = running  # type: ignore[attr-defined]
 
     yield serve
     for server in running:
@@ -237,9 +240,13 @@ def test_read_only_shows_no_buttons_and_refuses_posts(dsn: str, scene: Scene, da
         page.goto(url + path)
         expect(page.locator("button")).to_have_count(0)
         expect(page.locator("#read-only")).to_have_text("read-only")
-    status = page.evaluate("""id => fetch('/actions/delete', {method: 'POST',
-        body: new URLSearchParams({id: String(id)})}).then(r => r.status)""", scene.dead_ids[0])
-    assert status == 403
+    # Even a POST that passes every CSRF check (no page offers its token here).
+    session = next(c["value"] for c in page.context.cookies() if c["name"] == COOKIE)
+    token = dashboard.running[-1].dashboard.csrf.token(session)
+    answer = page.evaluate("""([id, token]) => fetch('/actions/delete', {method: 'POST',
+        body: new URLSearchParams({id: String(id), csrf_token: token})})
+        .then(r => r.text().then(text => [r.status, text]))""", [scene.dead_ids[0], token])
+    assert answer[0] == 403 and "read-only" in answer[1]
     assert rows(dsn, "SELECT count(*) FROM fairq.dead_letters") == [(2,)]
 
 

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dashboard_scene import ERROR_HTML, XSS, Scene, build_scene, observer_dsn
 from fairq.dashboard.app import Settings
+from fairq.dashboard.csrf import COOKIE, Csrf
 from fairq.dashboard.server import Running, start
 
 
@@ -32,6 +33,7 @@ class Client:
     """A browser's worth of HTTP: one cookie jar, its own origin."""
 
     url: str
+    csrf: Csrf  # the dashboard's, to forge what a page would have carried
     cookies: dict[str, str] = field(default_factory=dict)
 
     def request(self, method: str, path: str, body: dict[str, str] | None = None,
@@ -83,7 +85,7 @@ def serve() -> Iterator[Any]:
     def serve(dsn: str, **options: Any) -> Client:
         options.setdefault("interval", timedelta(seconds=30))  # samples on demand only
         running.append(start(Settings(dsn, **options)))
-        return Client(running[-1].url)
+        return Client(running[-1].url, running[-1].dashboard.csrf)
 
     yield serve
     for server in running:
@@ -115,7 +117,7 @@ def test_posts_need_the_token_and_this_origin(dsn: str, scene: Scene, serve: Any
         client.post("retry", {"id": victim, "csrf_token": token},
                     {"Sec-Fetch-Site": "cross-site"}),
         # Another browser (no session cookie) with a token it copied from ours.
-        Client(client.url).post("retry", {"id": victim, "csrf_token": token}),
+        Client(client.url, client.csrf).post("retry", {"id": victim, "csrf_token": token}),
     ]
     assert [status for status, _, _ in refused] == [403] * 5
     with psycopg.connect(dsn) as conn:
@@ -146,7 +148,9 @@ def test_read_only_has_no_forms_and_refuses_posts(dsn: str, scene: Scene, serve:
     for path in ("/", "/channels?queue=default", "/dead-letters", "/in-flight"):
         page = client.get(path)
         assert "<form" not in page and "<button" not in page, path
-    status, _, text = client.post("delete", {"id": str(scene.dead_ids[0])})
+    # Even a POST that would pass every CSRF check (no page offers its token here).
+    token = client.csrf.token(client.cookies[COOKIE])
+    status, _, text = client.post("delete", {"id": str(scene.dead_ids[0]), "csrf_token": token})
     assert status == 403 and "read-only" in text
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM fairq.dead_letters").fetchone() == (2,)
@@ -250,7 +254,7 @@ def test_fairq_dashboard_serves_until_stopped(dsn: str, scene: Scene) -> None:
         line = process.stdout.readline()
         match = re.search(r"on (http://127\.0\.0\.1:\d+/) \(role postgres, read-only", line)
         assert match, line
-        page = Client(match.group(1)).get("/")
+        page = Client(match.group(1), Csrf()).get("/")
         assert 'data-queue="emails"' in page
     finally:
         process.send_signal(signal.SIGTERM)

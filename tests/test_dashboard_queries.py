@@ -47,7 +47,7 @@ def test_name_paging_walks_every_channel_once_both_ways(conn: psycopg.Connection
     seen: list[str] = []
     pages = []
     page = q.channel_page(conn, "default", q.ChannelSort.NAME, 50, True)
-    while True:
+    for _ in range(5):  # three pages, and a bound should the cursor not move
         pages.append(page)
         seen += [r.channel for r in page.rows]
         if page.next_after is None:
@@ -80,7 +80,7 @@ def test_every_order_is_what_it_says(conn: psycopg.Connection[Any], sort: q.Chan
     conn.execute("SELECT fairq.channel_pause('tenant-000012', clock_timestamp() + interval '1 h')")
     rows = []
     offset = 0
-    while True:
+    for _ in range(5):  # three pages, and a bound should the offset not move
         page = q.channel_page(conn, "default", sort, 15, True, offset=offset)
         rows += page.rows
         if not page.has_more:
@@ -153,12 +153,15 @@ def test_counters_count_late_commits_once(dsn: str, conn: psycopg.Connection[Any
     counters = SettledCounters(overlap=timedelta(seconds=60))
     counters.update(conn, now(conn))
     assert counted(counters) == truth(conn)
-    # A completion whose transaction commits after a read that came later than its
-    # settled_at: the next read still counts it (the overlap), and only once.
+    # Completions whose transaction commits after a read that came later than their
+    # settled_at (30 s earlier, on the clock of that transaction alone): the next read
+    # still counts them (the overlap), and only once.
     with psycopg.connect(dsn) as late:
         late.execute("SET fairq.history = on")
+        late.execute("SELECT fairq.clock_travel(-30000)")
         late.execute("SELECT fairq.message_complete(id, num_attempts)"
                      " FROM fairq.message_dequeue(60000, 3)")
+        late.execute("SELECT fairq.clock_travel(0)")
         settle(dsn, 4, fail=True)
         counters.update(conn, now(conn))
         assert counted(counters) == truth(conn)  # without the late three: not committed
