@@ -87,7 +87,6 @@ class ChannelRow:
     max_concurrency: int | None
     release_interval_ms: int
     max_size: int | None
-    max_attempts: int | None
     weight: int
     pause: Pause
     size: int
@@ -166,7 +165,6 @@ class RecoveredRow:
     channel: str
     num_attempts: int
     status: str  # ready | scheduled | locked (delivered again)
-    dequeue_at: datetime
 
 
 @dataclass(frozen=True)
@@ -177,7 +175,6 @@ class DeadLetterRow:
     num_attempts: int
     error: str | None
     content_bytes: int
-    created_at: datetime
     died_at: datetime
 
 
@@ -193,7 +190,6 @@ class HistoryBucket:
     start: datetime
     delivered: int  # settled messages first delivered in the bucket
     wait_avg_s: float
-    wait_max_s: float
 
 
 @dataclass(frozen=True)
@@ -245,13 +241,13 @@ def queues(conn: Connection, with_oldest: bool) -> list[QueueRow]:
 
 # The view's columns, the pause split in two (see _PAUSE).
 _CHANNEL_COLUMNS = ("v.queue, v.channel, v.max_concurrency, v.release_interval_ms, v.max_size,"
-                    " v.max_attempts, v.weight, " + _PAUSE.format(col="v.paused_until") +
+                    " v.weight, " + _PAUSE.format(col="v.paused_until") +
                     ", v.size, v.ready, v.scheduled, v.in_flight,"
                     # 'infinity' for a channel paused until resumed: no turn to show.
                     " CASE WHEN isfinite(v.next_dequeue_at) THEN v.next_dequeue_at END"
                     " AS next_dequeue_at")
-_ROW_COLUMNS = ("queue, channel, max_concurrency, release_interval_ms, max_size, max_attempts,"
-                " weight, paused_until, paused_forever, size, ready, scheduled, in_flight,"
+_ROW_COLUMNS = ("queue, channel, max_concurrency, release_interval_ms, max_size, weight,"
+                " paused_until, paused_forever, size, ready, scheduled, in_flight,"
                 " next_dequeue_at")
 _OLDEST_OF = ("(SELECT " + _OLDEST_READY.format(id="c.id") + " FROM fairq.channel c"
               " JOIN fairq.queue q ON q.id = c.queue_id"
@@ -259,7 +255,7 @@ _OLDEST_OF = ("(SELECT " + _OLDEST_READY.format(id="c.id") + " FROM fairq.channe
 
 
 def _row(r: Sequence[Any]) -> ChannelRow:
-    return ChannelRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], Pause(r[7], r[8]), *r[9:])
+    return ChannelRow(r[0], r[1], r[2], r[3], r[4], r[5], Pause(r[6], r[7]), *r[8:])
 
 
 def _channels(conn: Connection, where: str, order: str, window: str, with_oldest: bool,
@@ -345,7 +341,7 @@ def recovered(conn: Connection, queue: str | None, limit: int) -> list[Recovered
     are found)."""
     query = """
         SELECT m.id, q.name AS queue, c.name AS channel, m.num_attempts,
-               m.status::text AS status, m.dequeue_at
+               m.status::text AS status
           FROM fairq.message m
           JOIN fairq.channel c ON c.id = m.channel_id
           JOIN fairq.queue q ON q.id = m.queue_id
@@ -372,7 +368,7 @@ def dead_letter_page(conn: Connection, queue: str | None, limit: int,
         conditions.append("(died_at, id) < (%(died_at)s::timestamptz, %(id)s)")
     query = f"""
         SELECT id, queue, channel, num_attempts, error, octet_length(content) AS content_bytes,
-               created_at, died_at
+               died_at
           FROM fairq.dead_letters
          WHERE {" AND ".join(conditions)}
          ORDER BY died_at DESC, id DESC LIMIT %(limit)s"""
@@ -403,8 +399,7 @@ def history_buckets(conn: Connection, start: datetime, width: timedelta) -> list
     query = """
         SELECT queue, date_bin(%(width)s, first_dequeued_at, %(start)s) AS start,
                count(*) AS delivered,
-               avg(extract(epoch FROM first_dequeued_at - created_at))::float8 AS wait_avg_s,
-               max(extract(epoch FROM first_dequeued_at - created_at))::float8 AS wait_max_s
+               avg(extract(epoch FROM first_dequeued_at - created_at))::float8 AS wait_avg_s
           FROM fairq.message_history
          WHERE settled_at >= %(start)s AND first_dequeued_at >= %(start)s
          GROUP BY 1, 2 ORDER BY 1, 2"""
