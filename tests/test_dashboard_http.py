@@ -277,3 +277,22 @@ def test_the_cli_hands_both_commands_their_command_line() -> None:
         out = subprocess.run([sys.executable, "-m", "fairq", command, "--help"],
                              capture_output=True, text=True, check=True)
         assert out.stdout.startswith(f"usage: fairq {command}"), out.stdout
+
+
+def test_fairq_metrics_serves_alone(dsn: str, scene: Scene) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fairq", "metrics", "--dsn", dsn, "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        match = re.search(r"on (http://127\.0\.0\.1:\d+)/metrics", line)
+        assert match, line
+        found = metrics(Client(match.group(1), Csrf()).get("/metrics"))
+        expected = expected_queue_metrics(dsn)
+        assert {k: found.get(k) for k in expected} == expected
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(60)
+    assert code == 0, process.stderr.read() if process.stderr else ""
