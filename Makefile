@@ -42,6 +42,7 @@ PG_ENV = PG_CONFIG="$(PG_CONFIG)" PATH="$$($(PG_CONFIG) --bindir):$$PATH"
 # version: CI runs them on one version only (make test); make test-core leaves them out
 # (the dashboard's SQL is tested on every version by its other suites).
 ONE_VERSION_ONLY = --ignore=tests/test_spark.py --ignore=tests/test_readme_spark.py \
+                   --ignore=tests/test_spark_stream.py \
                    --ignore=tests/test_bench.py --ignore=tests/test_dashboard_browser.py \
                    --deselect=tests/test_readme_examples.py::test_demo_runs_and_reports_no_loss
 PYTEST_ARGS ?=

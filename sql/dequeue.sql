@@ -243,9 +243,10 @@ DECLARE
     v_holds_locks boolean := false;
     v_clock_fresh boolean := false;  -- v_now was read after the last pick that found something
     v_attempts_capped boolean;
+    v_uneven boolean;  -- the round may end before the last channel picked
 BEGIN
     PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
-    v_queue := fairq.queue_lookup(p_queue, 'p_queue');
+    SELECT * INTO v_queue FROM fairq.queue q WHERE q.name = fairq.require_channel_name(p_queue, 'p_queue');
     IF v_queue.id IS NULL THEN
         RETURN;  -- nobody has named this queue yet: nothing in it
     END IF;
@@ -268,11 +269,12 @@ BEGIN
     WHILE v_count < p_max_messages LOOP
         -- Step 2.
         SELECT coalesce(array_agg(p.id ORDER BY p.turn_at, p.turn_pass, p.turn_seq), '{}'),
-               array_agg(p.turn_at ORDER BY p.turn_at, p.turn_pass, p.turn_seq),
-               array_agg(p.turn_pass ORDER BY p.turn_at, p.turn_pass, p.turn_seq),
-               array_agg(p.weight ORDER BY p.turn_at, p.turn_pass, p.turn_seq),
-               coalesce(bool_or(p.max_attempts IS NOT NULL), false)
-          INTO v_picked, v_turn_ats, v_passes, v_weights, v_attempts_capped
+               coalesce(bool_or(p.max_attempts IS NOT NULL), false),
+               -- Only different weights, or a channel still waiting to join, can end a
+               -- round early (fairq.round_length).
+               count(*) > 1 AND (bool_or(p.turn_at <> fairq.in_rotation())
+                                 OR min(p.weight) <> max(p.weight))
+          INTO v_picked, v_attempts_capped, v_uneven
           FROM (SELECT c.id, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts
                   FROM fairq.channel c
                  WHERE c.queue_id = v_queue.id AND c.turn_at <= v_now AND c.id <> ALL (v_visited)
@@ -311,7 +313,15 @@ BEGIN
         v_holds_locks := true;
         -- This round serves the channels that single dequeues would serve in a row;
         -- the others stay locked by this call and are picked again.
-        v_picked := v_picked[1 : fairq.round_length(v_turn_ats, v_passes, v_weights)];
+        IF v_uneven THEN
+            SELECT array_agg(c.turn_at ORDER BY p.pos), array_agg(c.turn_pass ORDER BY p.pos),
+                   array_agg(c.weight ORDER BY p.pos)
+              INTO v_turn_ats, v_passes, v_weights
+              FROM unnest(v_picked) WITH ORDINALITY AS p(id, pos)
+             CROSS JOIN LATERAL (SELECT k.turn_at, k.turn_pass, k.weight FROM fairq.channel k
+                                  WHERE k.id = p.id OFFSET 0) c;
+            v_picked := v_picked[1 : fairq.round_length(v_turn_ats, v_passes, v_weights)];
+        END IF;
         -- Wakes still queued for the picked channels happened before this serve.
         IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_picked)) THEN
             PERFORM fairq.fold_wakes(v_picked);
@@ -368,16 +378,24 @@ BEGIN
                    turn_given_at = CASE WHEN n.turn_at = fairq.in_rotation() THEN v_now END,
                    turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL,
                                                   v_turn_seqs[array_position(v_picked, c.id)])
-              FROM (SELECT s.channel_id, p.due_at,
-                           fairq.served_turn_at(k.turn_at,
-                                                fairq.next_turn(NULL, p.due_at, v_now, k.release_interval_ms,
-                                                                k.in_flight + 1, k.max_concurrency,
-                                                                k.paused_until, v_now),
-                                                v_now) AS turn_at
-                      FROM unnest(v_served) AS s(channel_id)
-                      JOIN fairq.channel k ON k.id = s.channel_id
-                     CROSS JOIN LATERAL fairq.pending_due_at(s.channel_id) AS p
-                    OFFSET 0) n  -- keeps n.due_at a plain column, so next_turn is inlined
+              FROM (SELECT x.channel_id, x.due_at,
+                           fairq.served_turn_at(x.turn_at, x.next_turn, v_now) AS turn_at
+                      FROM (SELECT s.channel_id, p.due_at, k.turn_at,
+                                   fairq.next_turn(NULL, p.due_at, v_now, k.release_interval_ms,
+                                                   k.in_flight + 1, k.max_concurrency,
+                                                   k.paused_until, v_now) AS next_turn
+                              FROM unnest(v_served) AS s(channel_id)
+                             CROSS JOIN LATERAL (SELECT k.* FROM fairq.channel k
+                                                  WHERE k.id = s.channel_id OFFSET 0) k
+                             CROSS JOIN LATERAL (SELECT p.due_at FROM fairq.pending_due_at(s.channel_id) p
+                                                 OFFSET 0) p
+                            OFFSET 0) x
+                    OFFSET 0) n
+               -- (Every OFFSET 0 keeps its subquery apart: the channels are looked up one
+               -- by one, by id; the pending due time is read once; and next_turn and
+               -- served_turn_at get plain columns, since a SQL function is inlined only
+               -- when an argument it reads twice is cheap: planned again at every row,
+               -- they made this statement five times slower.)
              WHERE c.id = ANY (v_served) AND c.id = n.channel_id
             RETURNING c.*
         LOOP

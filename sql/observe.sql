@@ -19,8 +19,11 @@ SELECT q.name AS queue,
        n.ready,
        n.scheduled,
        n.in_flight,
-       -- in the rotation: now
-       CASE WHEN c.turn_at IS NOT NULL THEN GREATEST(c.turn_at, k.now) END AS next_dequeue_at
+       -- In the rotation: now. A wake not yet applied gives its time; a paused queue
+       -- serves nothing before its pause ends.
+       CASE WHEN w.turn_at IS NOT NULL
+            THEN GREATEST(w.turn_at, k.now, CASE WHEN q.paused_until > k.now THEN q.paused_until END)
+       END AS next_dequeue_at
   FROM fairq.channel c
   JOIN fairq.queue q ON q.id = c.queue_id
  -- A scalar subquery, evaluated once: joined as a table, the one-row clock_offset
@@ -36,8 +39,14 @@ SELECT q.name AS queue,
               (SELECT count(*)::integer FROM fairq.message m
                 WHERE m.channel_id = c.id AND m.status = 'locked') AS in_flight
        ) n
- -- An idle channel without policy is only kept for the collector: not shown.
- WHERE c.has_policy OR n.ready + n.scheduled + n.in_flight > 0;
+ CROSS JOIN LATERAL (
+       SELECT coalesce(c.turn_at,
+                       CASE WHEN c.max_concurrency IS NULL OR c.in_flight < c.max_concurrency
+                            THEN (SELECT min(GREATEST(x.due_at, x.woken_at, c.paused_until))
+                                    FROM fairq.channel_wake x WHERE x.channel_id = c.id) END) AS turn_at
+       ) w
+ -- An idle channel without policy or pause is only kept for the collector: not shown.
+ WHERE c.has_policy OR c.paused_until > k.now OR n.ready + n.scheduled + n.in_flight > 0;
 
 CREATE VIEW fairq.dead_letters AS
 SELECT id, queue, channel, content, state, num_attempts, error, created_at, died_at
@@ -150,7 +159,7 @@ AS $$
 $$;
 
 COMMENT ON VIEW fairq.channels IS
-    'Every channel with a policy or messages (idle channels kept for the collector are not shown), by queue, with its policy, weight and pause and its contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when it may next be served; NULL when empty or at max_concurrency).';
+    'Every channel with a policy, a pause or messages (idle channels kept for the collector are not shown), by queue, with its policy, weight and pause and its contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when it may next be served; NULL when empty or at max_concurrency).';
 COMMENT ON VIEW fairq.queues IS
     'Every queue: its channels (as fairq.channels shows them), messages (size, ready, scheduled, in_flight), dead letters, and the end of its pause.';
 COMMENT ON VIEW fairq.dead_letters IS

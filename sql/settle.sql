@@ -123,7 +123,8 @@ BEGIN
                        fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
                                        k.in_flight - d.n, k.max_concurrency, k.paused_until, v_now) AS turn_at
                   FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) d
-                  JOIN fairq.channel k ON k.id = d.channel_id
+                 CROSS JOIN LATERAL (SELECT k.* FROM fairq.channel k  -- by id, one by one
+                                      WHERE k.id = d.channel_id OFFSET 0) k
                  WHERE k.id = ANY (v_locked)
                 OFFSET 0) g
          WHERE c.id = ANY (v_locked) AND c.id = g.channel_id

@@ -186,7 +186,8 @@ BEGIN
                                AND r.turn_given_at > k.turn_at
                              ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) AS next_pass
                       FROM unnest(v_joining) WITH ORDINALITY AS u(id, pos)
-                      JOIN fairq.channel k ON k.id = u.id
+                     CROSS JOIN LATERAL (SELECT k.turn_at FROM fairq.channel k  -- by id, one by one
+                                          WHERE k.id = u.id OFFSET 0) k
                      ORDER BY u.pos
                     OFFSET 0) p) j
      WHERE c.id = ANY (v_joining) AND c.id = j.id;

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from test_install import CURRENT, later, plain_dsn, upgrade_dir  # noqa: F401  (plain_dsn: fixture)
+from test_worker import _log, _worker_process, eventually
 
 FAIRQ = Path(sys.executable).parent / "fairq"
 
@@ -27,8 +31,8 @@ def fairq(*args: str, dsn: str | None = None, stdin: bytes | None = None,
 def test_help_and_usage_errors() -> None:
     shown = fairq("--help")
     assert shown.returncode == 0
-    for command in ("install", "upgrade", "channel", "send", "stats", "dead", "worker", "bench",
-                    "demo"):
+    for command in ("install", "upgrade", "queue", "channel", "send", "stats", "dead", "worker",
+                    "bench", "demo"):
         assert command in shown.stdout
     assert fairq("channel", "--help").returncode == 0
     missing_dsn = fairq("stats")
@@ -61,9 +65,9 @@ def test_channel_send_stats_and_dead_letters(dsn: str) -> None:
     assert piped.returncode == 0
 
     stats = fairq("stats", dsn=dsn, module=True).stdout.splitlines()
-    assert stats[0].split() == ["channel", "size", "ready", "scheduled", "in_flight", "limits",
-                                "next_turn"]
-    assert stats[1].split()[:5] == ["acme", "2", "1", "1", "0"]
+    assert stats[0].split() == ["queue", "channels", "size", "ready", "scheduled", "in_flight",
+                                "dead", "paused_until"]
+    assert stats[1].split() == ["default", "1", "2", "1", "1", "0", "0", "-"]
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT fairq.message_dequeue(1000)")
@@ -105,3 +109,125 @@ def test_install_and_upgrade(plain_dsn: str, dsn: str, tmp_path: Path) -> None: 
 
     refused = fairq("install", dsn=dsn)
     assert refused.returncode == 1 and "extension" in refused.stderr
+
+
+def table(out: str) -> list[list[str]]:
+    """The rows of a table the CLI printed, as cells (header included)."""
+    return [line.split() for line in out.splitlines() if line.strip()]
+
+
+def test_queues_weights_and_pauses(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The commands' local time zone: UTC-5 (POSIX names count westwards).
+    monkeypatch.setenv("TZ", "Etc/GMT+5")
+    local_zone = timezone(timedelta(hours=-5))
+
+    def ok(*args: str) -> str:
+        done = fairq(*args, dsn=dsn)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def paused_until(sql: str) -> object:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute(f"SELECT paused_until::text FROM {sql}").fetchone()  # type: ignore[arg-type]
+        return row and row[0]
+
+    assert ok("channel", "set", "acme", "--weight", "3", "--max-concurrency", "2",
+              "--queue", "emails") == "channel acme: policy set\n"
+    assert ok("send", "acme", "hello", "--queue", "emails").startswith("created ")
+    assert ok("send", "acme", "plain").startswith("created ")  # the default queue
+    assert table(ok("channel", "list", "--queue", "emails")) == [
+        ["channel", "weight", "limits", "paused_until"], ["acme", "3", "concurrency=2", "-"]]
+    assert table(ok("channel", "list"))[1] == ["acme", "1", "-", "-"]
+
+    channel = "fairq.channels WHERE queue = 'emails'"
+    assert ok("channel", "pause", "acme", "--queue", "emails") == (
+        "channel acme: paused until resumed\n")
+    assert paused_until(channel) == "infinity"
+    assert table(ok("channel", "list", "--queue", "emails"))[1][-1] == "infinity"
+    assert ok("channel", "resume", "acme", "--queue", "emails") == "channel acme: resumed\n"
+    assert ok("channel", "resume", "acme", "--queue", "emails") == (
+        "channel acme: was not paused\n")
+    until = (datetime.now(timezone.utc) + timedelta(hours=1)).replace(microsecond=0)
+    ok("channel", "pause", "acme", "--until", until.isoformat(), "--queue", "emails")
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(f"SELECT paused_until FROM {channel}").fetchone() == (until,)  # type: ignore[arg-type]
+
+    queue = "fairq.queues WHERE queue = 'emails'"
+    assert ok("queue", "pause", "emails") == "queue emails: paused until resumed\n"
+    assert paused_until(queue) == "infinity"
+    # Without an offset, --until is this machine's local time.
+    naive = (datetime.now(timezone.utc) + timedelta(hours=2)).replace(tzinfo=None, microsecond=0)
+    local = naive.replace(tzinfo=local_zone)
+    ok("queue", "pause", "emails", "--until", naive.isoformat())
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(f"SELECT paused_until FROM {queue}").fetchone() == (local,)  # type: ignore[arg-type]
+
+    stats = table(ok("stats"))
+    assert stats[0] == ["queue", "channels", "size", "ready", "scheduled", "in_flight", "dead",
+                        "paused_until"]
+    assert stats[1] == ["default", "1", "1", "1", "0", "0", "0", "-"]
+    assert stats[2][:7] == ["emails", "1", "1", "1", "0", "0", "0"]
+    assert datetime.fromisoformat(stats[2][7]) == local
+    ok("queue", "pause", "emails")
+    one = table(ok("stats", "--queue", "emails"))
+    assert one[:2] == [stats[0], ["emails", "1", "1", "1", "0", "0", "0", "infinity"]]
+    assert one[2] == ["channel", "size", "ready", "scheduled", "in_flight", "weight", "limits",
+                      "paused_until", "next_turn"]
+    assert one[3][:7] == ["acme", "1", "1", "0", "0", "3", "concurrency=2"]
+    assert datetime.fromisoformat(one[3][7]) == until
+    assert table(ok("stats", "--queue", "nobody"))[1] == ["nobody", *"000000", "-"]
+
+    assert ok("queue", "resume", "emails") == "queue emails: resumed\n"
+    assert ok("queue", "resume", "emails") == "queue emails: was not paused\n"
+    assert paused_until(queue) is None
+
+
+def test_queue_and_pause_errors(dsn: str) -> None:
+    past = fairq("queue", "pause", "emails", "--until", "2001-01-01T00:00:00Z", dsn=dsn)
+    assert past.returncode == 1 and "p_until" in past.stderr
+    garbage = fairq("channel", "pause", "a", "--until", "tomorrow", dsn=dsn)
+    assert garbage.returncode == 2 and "--until" in garbage.stderr
+    weight = fairq("channel", "set", "a", "--weight", "0", dsn=dsn)
+    assert weight.returncode == 1 and "p_weight" in weight.stderr
+    unnamed = fairq("send", "a", "x", "--queue", "", dsn=dsn)
+    assert unnamed.returncode == 1 and "p_queue" in unnamed.stderr
+
+
+def test_dead_letters_are_listed_per_queue(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for queue in ("emails", "default"):
+            conn.execute("SELECT fairq.message_create('a', %s::bytea, p_queue => %s)",
+                         (queue.encode(), queue))
+            [(message_id,)] = conn.execute(
+                "SELECT id FROM fairq.message_dequeue(1000, p_queue => %s)", (queue,)).fetchall()
+            conn.execute("SELECT fairq.message_fail(%s, 1, %s)", (message_id, f"{queue} failed"))
+    emails = fairq("dead", "list", "--queue", "emails", dsn=dsn).stdout
+    assert "emails failed" in emails and "default failed" not in emails
+    assert "default failed" in fairq("dead", "list", dsn=dsn).stdout
+
+
+@pytest.mark.parametrize("handler", ["worker_handlers:gated", "worker_handlers:gated_async"])
+def test_send_and_worker_on_a_named_queue(dsn: str, tmp_path: Path, handler: str) -> None:
+    """`fairq worker --queue` serves that queue, with a Worker (a function) or an
+    AsyncWorker (a coroutine function)."""
+    for queue in ("emails", "default"):
+        sent = fairq("send", "t", "60", "--queue", queue, dsn=dsn)
+        assert sent.returncode == 0, sent.stderr
+    (tmp_path / "release").touch()  # the handler finishes at once
+    proc = _worker_process(dsn, tmp_path, "--queue", "emails", handler=handler)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            def emails_done() -> bool:
+                row = conn.execute("SELECT size FROM fairq.queues WHERE queue = 'emails'"
+                                   ).fetchone()
+                return row == (0,)
+            eventually(emails_done)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, _log(tmp_path)
+    finally:
+        proc.kill()
+    with psycopg.connect(dsn) as conn:
+        left = conn.execute("SELECT c.name, q.name, m.num_attempts FROM fairq.message m"
+                            " JOIN fairq.channel c ON c.id = m.channel_id"
+                            " JOIN fairq.queue q ON q.id = m.queue_id").fetchall()
+    assert left == [("t", "default", 0)]  # the default queue's message was never handed out

@@ -134,9 +134,10 @@ def test_a_tick_is_keyed_by_its_due_time() -> None:
     sched = cron("*/5 * * * *")
     driver = ReceivedMessage(9, PERIODIC_CHANNEL, sched.encode(), None, 4, 0,
                              at("2026-11-23T10:00:00+00:00"), False, codec=BytesCodec())
-    t = tick(driver, at("2026-11-23T10:00:01+00:00"))
+    t = tick(driver, at("2026-11-23T10:00:01+00:00"), "emails")
     assert (t.due_at, t.next_at) == (driver.dequeue_at, at("2026-11-23T10:05:00+00:00"))
     assert t.work.params["dedup_key"] == f"{PERIODIC_CHANNEL}:9@2026-11-23T10:00:00+00:00"
+    assert t.work.params["queue"] == "emails"  # the work goes to the driver's queue
     assert (t.reschedule.params["n"], t.reschedule.params["dequeue_at"]) == (4, t.next_at)
 
 

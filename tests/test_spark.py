@@ -214,15 +214,18 @@ def test_enqueue_into_a_named_queue(spark: Any, conn: psycopg.Connection[Any]) -
                         ).fetchall() == [("emails", 300)]
 
 
-def test_a_named_queue_without_named_queues_fails_before_sending(
-        spark: Any, conn: psycopg.Connection[Any]) -> None:
+@pytest.mark.parametrize("queue", ["emails", "default"])
+def test_without_named_queues_enqueue_fails_before_sending(
+        spark: Any, conn: psycopg.Connection[Any], queue: str) -> None:
+    """The package names the queue in every call, the default one too: on a fairq before
+    0.7.0 (FAIRQ_TEST_EXTENSION_VERSION=0.6.0) enqueue says so before any task runs."""
     from fairq.spark import enqueue
 
     if has_named_queues(conn):
         pytest.skip("the installed fairq has named queues")
     with pytest.raises(RuntimeError, match="no named queues"):
         enqueue(jobs(spark, 300, 5), conn.info.dsn, channel="tenant", content="body",
-                queue="emails")
+                queue=queue)
     assert landed(conn)[0] == 0
 
 
@@ -266,6 +269,21 @@ def lifecycle(conn: psycopg.Connection[Any]) -> int:
             message.complete()
     cancelled = [queue.cancel(message_id) for message_id in range(1, 61)]
     return 32 + sum(status is CancelStatus.CANCELLED for status in cancelled)
+
+
+def test_reads_name_the_queue_and_a_pause_until_resumed(spark: Any,
+                                                        conn: psycopg.Connection[Any]) -> None:
+    from fairq.spark import read
+
+    emails = Queue(conn, name="emails")
+    emails.channel_set("a", weight=4)
+    emails.send("a", b"x")
+    emails.channel_pause("a")
+    url, props = jdbc_url(conn.info.dsn), jdbc_properties(conn.info.dsn)
+    [row] = read(spark, url, "channels", properties=props).collect()
+    assert (row["queue"], row["channel"], row["weight"]) == ("emails", "a", 4)
+    # 'infinity' is Spark's largest timestamp, as it is datetime.max for the binding.
+    assert row["paused_until"].year == row["next_dequeue_at"].year == 9999
 
 
 def test_reads_return_what_sql_returns(spark: Any, conn: psycopg.Connection[Any]) -> None:
@@ -337,7 +355,9 @@ def known_history(conn: psycopg.Connection[Any]) -> None:
         attempts = 0 if first is None else rnd.choice([1, 1, 1, 2, 3])
         rows.append((i + 1, channel, rnd.randrange(3), created, first, settled, attempts, outcome))
     with conn.cursor() as cur:
-        cur.executemany("INSERT INTO fairq.message_history VALUES (%s,%s,%s,%s,%s,%s,%s,%s)", rows)
+        cur.executemany("INSERT INTO fairq.message_history (id, queue, channel, priority, created_at,"
+                        " first_dequeued_at, settled_at, num_attempts, outcome)"
+                        " VALUES (%s,'default',%s,%s,%s,%s,%s,%s,%s)", rows)
 
 
 FIGURES = """

@@ -261,13 +261,14 @@ def test_the_sink_into_a_named_queue(spark: Any, conn: psycopg.Connection[Any],
     assert conn.execute(f"SELECT DISTINCT sink FROM {PROGRESS}").fetchall() == [("emails",)]
 
 
-def test_the_sink_into_a_named_queue_without_named_queues_refuses(
-        spark: Any, conn: psycopg.Connection[Any], in_query: Any) -> None:
+@pytest.mark.parametrize("queue", ["emails", "default"])
+def test_the_sink_without_named_queues_refuses(
+        spark: Any, conn: psycopg.Connection[Any], in_query: Any, queue: str) -> None:
     if has_named_queues(conn):
         pytest.skip("the installed fairq has named queues")
     df = spark.createDataFrame([(1, "tenant-a")], "n long, tenant string")
     with pytest.raises(RuntimeError, match="no named queues"):
-        make_sink(conn.info.dsn, queue="emails").write_batch(df, 0)
+        make_sink(conn.info.dsn, queue=queue).write_batch(df, 0)
     assert conn.execute("SELECT count(*) FROM fairq.message").fetchone() == (0,)
 
 

@@ -259,3 +259,20 @@ def test_bad_arguments_are_refused_and_change_nothing(
     assert caught.value.sqlstate == sqlstate
     assert (caught.value.diag.message_primary or "").startswith(names)
     assert state() == before
+
+
+def test_the_channels_view_shows_pauses_and_when_work_comes(conn: Conn) -> None:
+    # A pause set ahead of traffic shows, on a channel with nothing in it yet.
+    conn.execute("SELECT fairq.channel_pause('later', fairq.clock() + interval '1 hour')")
+    assert conn.execute("SELECT channel, size, paused_until > fairq.clock() FROM fairq.channels"
+                        ).fetchall() == [("later", 0, True)]
+    # A message whose wake is not yet applied shows when it may be served: now.
+    create(conn, "soon")
+    row = conn.execute("SELECT next_dequeue_at <= fairq.clock() FROM fairq.channels"
+                       " WHERE channel = 'soon'").fetchone()
+    assert row == (True,)
+    # A paused queue serves nothing before its pause ends.
+    conn.execute("SELECT fairq.queue_pause('default', fairq.clock() + interval '1 hour')")
+    row = conn.execute("SELECT next_dequeue_at > fairq.clock() + interval '59 minutes'"
+                       " FROM fairq.channels WHERE channel = 'soon'").fetchone()
+    assert row == (True,)

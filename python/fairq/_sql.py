@@ -5,6 +5,9 @@ the returned rows into results. ``Queue`` and ``AsyncQueue`` only differ in how 
 execute a Call, so both speak exactly the same SQL. Parameters are passed by name
 (``p_x => %(x)s``) so that the SQL's defaults apply to what we leave out.
 
+Every call that concerns a queue takes its name as a required ``queue``: a call that
+forgot it would silently act on the queue ``'default'``.
+
 Relative delays are added to the *database's* clock (``clock_timestamp()``), so
 producers and workers on hosts with skewed clocks still schedule consistently.
 """
@@ -24,9 +27,11 @@ from fairq.types import (
     CreateResult,
     CreateStatus,
     DeadLetter,
+    DeleteStatus,
     HistoryOutcome,
     HistoryRecord,
     NewMessage,
+    QueueStats,
     RetryStatus,
     SettleResult,
     SettleStatus,
@@ -60,57 +65,115 @@ def _none(rows: list[Row]) -> None:
     return None
 
 
-def channel_set(channel: str, *, max_concurrency: int | None, release_interval: timedelta,
-                max_size: int | None, max_attempts: int | None) -> Call[None]:
+def _until(until: datetime | None) -> str:
+    """The ``p_until`` argument of a pause: none at all for None, so that the SQL's
+    default (``'infinity'``: until resumed) applies."""
+    return "" if until is None else ", p_until => %(until)s::timestamptz"
+
+
+# -- queues -----------------------------------------------------------------------------
+
+def queue_pause(queue: str, until: datetime | None) -> Call[None]:
+    return Call(f"SELECT fairq.queue_pause(p_queue => %(queue)s::text{_until(until)})",
+                {"queue": queue, "until": until}, _none)
+
+
+def queue_resume(queue: str) -> Call[bool]:
+    return Call("SELECT fairq.queue_resume(p_queue => %(queue)s::text)", {"queue": queue},
+                lambda rows: bool(_scalar(rows)))
+
+
+_QUEUE_COLUMNS = "queue, channels, size, ready, scheduled, in_flight, dead, paused_until"
+
+
+def queues() -> Call[list[QueueStats]]:
+    return Call(f"SELECT {_QUEUE_COLUMNS} FROM fairq.queues ORDER BY queue", {},
+                lambda rows: [QueueStats(*row) for row in rows])
+
+
+def queue_stats(queue: str) -> Call[QueueStats]:
+    """The queue's row of ``fairq.queues``; zeros for a queue no call has named yet
+    (queues exist implicitly: it is merely empty)."""
+    return Call(f"SELECT {_QUEUE_COLUMNS} FROM fairq.queues WHERE queue = %(queue)s",
+                {"queue": queue},
+                lambda rows: QueueStats(*rows[0]) if rows
+                else QueueStats(queue, 0, 0, 0, 0, 0, 0, None))
+
+
+# -- channels ---------------------------------------------------------------------------
+
+def channel_set(channel: str, *, queue: str, max_concurrency: int | None,
+                release_interval: timedelta, max_size: int | None, max_attempts: int | None,
+                weight: int) -> Call[None]:
     return Call(
         "SELECT fairq.channel_set(p_channel => %(channel)s,"
         " p_max_concurrency => %(max_concurrency)s::int,"
         " p_release_interval_ms => %(release_interval_ms)s,"
-        " p_max_size => %(max_size)s::int, p_max_attempts => %(max_attempts)s::int)",
+        " p_max_size => %(max_size)s::int, p_max_attempts => %(max_attempts)s::int,"
+        " p_weight => %(weight)s::int, p_queue => %(queue)s::text)",
         {"channel": channel, "max_concurrency": max_concurrency,
          "release_interval_ms": milliseconds(release_interval), "max_size": max_size,
-         "max_attempts": max_attempts},
+         "max_attempts": max_attempts, "weight": weight, "queue": queue},
         _none)
 
 
-def channel_clear(channel: str) -> Call[bool]:
-    return Call("SELECT fairq.channel_clear(p_channel => %(channel)s)",
-                {"channel": channel}, lambda rows: bool(_scalar(rows)))
+def channel_clear(channel: str, *, queue: str) -> Call[bool]:
+    return Call("SELECT fairq.channel_clear(p_channel => %(channel)s, p_queue => %(queue)s::text)",
+                {"channel": channel, "queue": queue}, lambda rows: bool(_scalar(rows)))
 
 
-def channels(channel: str | None) -> Call[list[ChannelStats]]:
+def channel_pause(channel: str, *, queue: str, until: datetime | None) -> Call[None]:
     return Call(
-        "SELECT channel, max_concurrency, release_interval_ms, max_size, max_attempts,"
-        " size, ready, scheduled, in_flight, next_dequeue_at FROM fairq.channels"
-        " WHERE %(channel)s::text IS NULL OR channel = %(channel)s ORDER BY channel",
-        {"channel": channel},
+        f"SELECT fairq.channel_pause(p_channel => %(channel)s{_until(until)},"
+        " p_queue => %(queue)s::text)",
+        {"channel": channel, "queue": queue, "until": until}, _none)
+
+
+def channel_resume(channel: str, *, queue: str) -> Call[bool]:
+    return Call(
+        "SELECT fairq.channel_resume(p_channel => %(channel)s, p_queue => %(queue)s::text)",
+        {"channel": channel, "queue": queue}, lambda rows: bool(_scalar(rows)))
+
+
+def channels(channel: str | None, *, queue: str) -> Call[list[ChannelStats]]:
+    return Call(
+        "SELECT queue, channel, max_concurrency, release_interval_ms, max_size, max_attempts,"
+        " weight, paused_until, size, ready, scheduled, in_flight, next_dequeue_at"
+        " FROM fairq.channels WHERE queue = %(queue)s"
+        "   AND (%(channel)s::text IS NULL OR channel = %(channel)s) ORDER BY channel",
+        {"channel": channel, "queue": queue},
         lambda rows: [_channel_stats(row) for row in rows])
 
 
 def _channel_stats(row: Row) -> ChannelStats:
-    channel, max_concurrency, release_interval_ms, *counts = row
-    return ChannelStats(channel, max_concurrency, timedelta(milliseconds=release_interval_ms),
-                        *counts)
+    queue, channel, max_concurrency, release_interval_ms, *rest = row
+    return ChannelStats(queue, channel, max_concurrency,
+                        timedelta(milliseconds=release_interval_ms), *rest)
+
+
+# -- messages ---------------------------------------------------------------------------
 
 
 def _create_result(id_: int | None, status: str) -> CreateResult:
     return CreateResult(id_, CreateStatus(status))
 
 
-def create(channel: str, content: bytes, *, dequeue_at: datetime | None,
+def create(channel: str, content: bytes, *, queue: str, dequeue_at: datetime | None,
            delay: timedelta | None, priority: int, dedup_key: str | None) -> Call[CreateResult]:
     return Call(
         "SELECT id, status FROM fairq.message_create(p_channel => %(channel)s,"
         " p_content => %(content)s::bytea,"
         " p_dequeue_at => coalesce(%(dequeue_at)s::timestamptz,"
         "                          clock_timestamp() + %(delay)s::interval),"
-        " p_priority => %(priority)s::int, p_dedup_key => %(dedup_key)s::text)",
+        " p_priority => %(priority)s::int, p_dedup_key => %(dedup_key)s::text,"
+        " p_queue => %(queue)s::text)",
         {"channel": channel, "content": content, "dequeue_at": dequeue_at, "delay": delay,
-         "priority": priority, "dedup_key": dedup_key},
+         "priority": priority, "dedup_key": dedup_key, "queue": queue},
         lambda rows: _create_result(*rows[0]))
 
 
-def create_batch(messages: Sequence[NewMessage[T]], codec: Codec[T]) -> Call[list[CreateResult]]:
+def create_batch(messages: Sequence[NewMessage[T]], codec: Codec[T], *,
+                 queue: str) -> Call[list[CreateResult]]:
     return Call(
         "SELECT id, status FROM fairq.message_create_batch(p_channels => %(channels)b::text[],"
         " p_contents => %(contents)b::bytea[],"
@@ -118,23 +181,25 @@ def create_batch(messages: Sequence[NewMessage[T]], codec: Codec[T]) -> Call[lis
         "                                    ORDER BY u.i)"
         "                     FROM unnest(%(dequeue_ats)b::timestamptz[], %(delays)b::interval[])"
         "                          WITH ORDINALITY AS u(at, delay, i)),"
-        " p_priorities => %(priorities)b::int[], p_dedup_keys => %(dedup_keys)b::text[])"
-        " ORDER BY ord",
+        " p_priorities => %(priorities)b::int[], p_dedup_keys => %(dedup_keys)b::text[],"
+        " p_queue => %(queue)s::text) ORDER BY ord",
         {"channels": [m.channel for m in messages],
          "contents": [codec.encode(m.content) for m in messages],
          "dequeue_ats": [m.dequeue_at for m in messages],
          "delays": [m.delay for m in messages],
          "priorities": [m.priority for m in messages],
-         "dedup_keys": [m.dedup_key for m in messages]},
+         "dedup_keys": [m.dedup_key for m in messages],
+         "queue": queue},
         lambda rows: [_create_result(*row) for row in rows])
 
 
-def dequeue(lock: timedelta, max_messages: int) -> Call[list[Row]]:
+def dequeue(lock: timedelta, max_messages: int, *, queue: str) -> Call[list[Row]]:
     """Rows in DEQUEUED_COLUMNS order; the queues bind them to themselves."""
     return Call(
         f"SELECT {DEQUEUED_COLUMNS} FROM fairq.message_dequeue("
-        "p_lock_ms => %(lock_ms)s, p_max_messages => %(max_messages)s)",
-        {"lock_ms": milliseconds(lock), "max_messages": max_messages},
+        "p_lock_ms => %(lock_ms)s, p_max_messages => %(max_messages)s,"
+        " p_queue => %(queue)s::text)",
+        {"lock_ms": milliseconds(lock), "max_messages": max_messages, "queue": queue},
         lambda rows: rows)
 
 
@@ -186,12 +251,15 @@ def cancel(id_: int) -> Call[CancelStatus]:
                 lambda rows: CancelStatus(_scalar(rows)))
 
 
-def dead_letters(channel: str | None, limit: int) -> Call[list[DeadLetter]]:
+# -- dead letters and history -----------------------------------------------------------
+
+def dead_letters(channel: str | None, limit: int, *, queue: str) -> Call[list[DeadLetter]]:
     return Call(
-        "SELECT id, channel, content, state, num_attempts, error, created_at, died_at"
-        " FROM fairq.dead_letters WHERE %(channel)s::text IS NULL OR channel = %(channel)s"
+        "SELECT id, queue, channel, content, state, num_attempts, error, created_at, died_at"
+        " FROM fairq.dead_letters WHERE queue = %(queue)s"
+        "   AND (%(channel)s::text IS NULL OR channel = %(channel)s)"
         " ORDER BY died_at, id LIMIT %(limit)s",
-        {"channel": channel, "limit": limit},
+        {"channel": channel, "limit": limit, "queue": queue},
         lambda rows: [DeadLetter(*row) for row in rows])
 
 
@@ -200,21 +268,35 @@ def dead_letter_retry(id_: int) -> Call[RetryStatus]:
                 lambda rows: RetryStatus(_scalar(rows)))
 
 
-def history(channel: str | None, since: datetime | None, limit: int) -> Call[list[HistoryRecord]]:
+def dead_letter_delete(id_: int) -> Call[DeleteStatus]:
+    return Call("SELECT fairq.dead_letter_delete(p_id => %(id)s)", {"id": id_},
+                lambda rows: DeleteStatus(_scalar(rows)))
+
+
+def dead_letter_purge(before: datetime, *, queue: str | None) -> Call[int]:
+    """Of ``queue``, or of every queue when None."""
     return Call(
-        "SELECT id, channel, priority, created_at, first_dequeued_at, settled_at,"
+        "SELECT fairq.dead_letter_purge(p_before => %(before)s, p_queue => %(queue)s::text)",
+        {"before": before, "queue": queue}, lambda rows: int(_scalar(rows)))
+
+
+def history(channel: str | None, since: datetime | None, limit: int, *,
+            queue: str) -> Call[list[HistoryRecord]]:
+    return Call(
+        "SELECT id, queue, channel, priority, created_at, first_dequeued_at, settled_at,"
         " num_attempts, outcome FROM fairq.message_history"
-        " WHERE (%(channel)s::text IS NULL OR channel = %(channel)s)"
+        " WHERE queue = %(queue)s AND (%(channel)s::text IS NULL OR channel = %(channel)s)"
         "   AND (%(since)s::timestamptz IS NULL OR settled_at >= %(since)s)"
         " ORDER BY settled_at, id LIMIT %(limit)s",
-        {"channel": channel, "since": since, "limit": limit},
+        {"channel": channel, "since": since, "limit": limit, "queue": queue},
         lambda rows: [_history_record(row) for row in rows])
 
 
 def _history_record(row: Row) -> HistoryRecord:
-    id_, channel, priority, created_at, first_dequeued_at, settled_at, num_attempts, outcome = row
-    return HistoryRecord(id_, channel, priority, created_at, first_dequeued_at, settled_at,
-                         num_attempts, HistoryOutcome(outcome))
+    (id_, queue, channel, priority, created_at, first_dequeued_at, settled_at, num_attempts,
+     outcome) = row
+    return HistoryRecord(id_, queue, channel, priority, created_at, first_dequeued_at,
+                         settled_at, num_attempts, HistoryOutcome(outcome))
 
 
 def history_prune(before: datetime) -> Call[int]:

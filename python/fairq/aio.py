@@ -16,7 +16,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from fairq import _sql, periodic
+from fairq import _sql, _timestamps, periodic
 from fairq._source import conninfo_of
 from fairq.codecs import BytesCodec, Codec
 from fairq.types import (
@@ -25,8 +25,10 @@ from fairq.types import (
     ChannelStats,
     CreateResult,
     DeadLetter,
+    DeleteStatus,
     HistoryRecord,
     NewMessage,
+    QueueStats,
     ReceivedMessage,
     RetryStatus,
     SettleResult,
@@ -49,21 +51,24 @@ class _Shared:
 
 
 class AsyncQueue(Generic[T]):
-    """fairq over psycopg 3, with asyncio. ``source`` is a conninfo string (the queue
-    then owns a pool: ``await queue.open()`` or ``async with``, then ``close()``), an
-    ``AsyncConnection`` or an ``AsyncConnectionPool`` (both stay the caller's)."""
+    """fairq over psycopg 3, with asyncio: the queue ``name`` (default ``"default"``).
+    ``source`` is a conninfo string (the queue then owns a pool: ``await queue.open()``
+    or ``async with``, then ``close()``), an ``AsyncConnection`` or an
+    ``AsyncConnectionPool`` (both stay the caller's)."""
 
     @overload
     def __init__(self: AsyncQueue[bytes],
                  source: str | AsyncConnection | AsyncConnectionPool[Any], *,
-                 codec: None = None, pool_size: int = 10) -> None: ...
+                 name: str = "default", codec: None = None, pool_size: int = 10) -> None: ...
 
     @overload
     def __init__(self, source: str | AsyncConnection | AsyncConnectionPool[Any], *,
-                 codec: Codec[T], pool_size: int = 10) -> None: ...
+                 name: str = "default", codec: Codec[T], pool_size: int = 10) -> None: ...
 
     def __init__(self, source: str | AsyncConnection | AsyncConnectionPool[Any], *,
-                 codec: Codec[Any] | None = None, pool_size: int = 10) -> None:
+                 name: str = "default", codec: Codec[Any] | None = None,
+                 pool_size: int = 10) -> None:
+        self.name = name
         self.codec: Codec[T] = codec if codec is not None else BytesCodec()  # type: ignore[assignment]
         self.conninfo = conninfo_of(source)
         self._owned_pool: AsyncConnectionPool[Any] | None = None
@@ -123,25 +128,50 @@ class AsyncQueue(Generic[T]):
             async with self.connection() as own:
                 return await self._run(call, own)
         async with conn.cursor(row_factory=tuple_row) as cur:
+            _timestamps.register(cur)
             await cur.execute(call.query, call.params)
             return call.decode(await cur.fetchall())
+
+    # -- the queue ------------------------------------------------------------------
+
+    async def pause(self, until: datetime | None = None, *,
+                    conn: AsyncConnection | None = None) -> None:
+        await self._run(_sql.queue_pause(self.name, until), conn)
+
+    async def resume(self, *, conn: AsyncConnection | None = None) -> bool:
+        return await self._run(_sql.queue_resume(self.name), conn)
+
+    async def stats(self, *, conn: AsyncConnection | None = None) -> QueueStats:
+        return await self._run(_sql.queue_stats(self.name), conn)
+
+    async def queues(self, *, conn: AsyncConnection | None = None) -> list[QueueStats]:
+        return await self._run(_sql.queues(), conn)
 
     # -- channels -------------------------------------------------------------------
 
     async def channel_set(self, channel: str, *, max_concurrency: int | None = None,
                           release_interval: timedelta = timedelta(0),
                           max_size: int | None = None, max_attempts: int | None = None,
-                          conn: AsyncConnection | None = None) -> None:
-        await self._run(_sql.channel_set(channel, max_concurrency=max_concurrency,
+                          weight: int = 1, conn: AsyncConnection | None = None) -> None:
+        await self._run(_sql.channel_set(channel, queue=self.name,
+                                         max_concurrency=max_concurrency,
                                          release_interval=release_interval, max_size=max_size,
-                                         max_attempts=max_attempts), conn)
+                                         max_attempts=max_attempts, weight=weight), conn)
 
     async def channel_clear(self, channel: str, *, conn: AsyncConnection | None = None) -> bool:
-        return await self._run(_sql.channel_clear(channel), conn)
+        return await self._run(_sql.channel_clear(channel, queue=self.name), conn)
+
+    async def channel_pause(self, channel: str, until: datetime | None = None, *,
+                            conn: AsyncConnection | None = None) -> None:
+        await self._run(_sql.channel_pause(channel, queue=self.name, until=until), conn)
+
+    async def channel_resume(self, channel: str, *,
+                             conn: AsyncConnection | None = None) -> bool:
+        return await self._run(_sql.channel_resume(channel, queue=self.name), conn)
 
     async def channels(self, channel: str | None = None, *,
                        conn: AsyncConnection | None = None) -> list[ChannelStats]:
-        return await self._run(_sql.channels(channel), conn)
+        return await self._run(_sql.channels(channel, queue=self.name), conn)
 
     # -- producing ------------------------------------------------------------------
 
@@ -150,12 +180,13 @@ class AsyncQueue(Generic[T]):
                    dedup_key: str | None = None,
                    conn: AsyncConnection | None = None) -> CreateResult:
         return await self._run(_sql.create(channel, self.codec.encode(content),
-                                           dequeue_at=dequeue_at, delay=delay,
+                                           queue=self.name, dequeue_at=dequeue_at, delay=delay,
                                            priority=priority, dedup_key=dedup_key), conn)
 
     async def send_many(self, messages: Sequence[NewMessage[T]], *,
                         conn: AsyncConnection | None = None) -> list[CreateResult]:
-        return await self._run(_sql.create_batch(messages, self.codec), conn)
+        return await self._run(_sql.create_batch(messages, self.codec, queue=self.name),
+                               conn)
 
     async def cancel(self, message_id: int, *,
                      conn: AsyncConnection | None = None) -> CancelStatus:
@@ -167,7 +198,7 @@ class AsyncQueue(Generic[T]):
                                 priority: int = 0,
                                 conn: AsyncConnection | None = None) -> CreateResult:
         return await self._run(periodic.schedule(name, channel, self.codec.encode(content),
-                                                 interval=interval, cron=cron,
+                                                 queue=self.name, interval=interval, cron=cron,
                                                  timezone=timezone, start_at=start_at,
                                                  priority=priority), conn)
 
@@ -175,7 +206,7 @@ class AsyncQueue(Generic[T]):
 
     async def dequeue(self, lock: timedelta, max_messages: int = 1, *,
                       conn: AsyncConnection | None = None) -> list[AsyncMessage[T]]:
-        rows = await self._run(_sql.dequeue(lock, max_messages), conn)
+        rows = await self._run(_sql.dequeue(lock, max_messages, queue=self.name), conn)
         return [AsyncMessage(*row, codec=self.codec, queue=self) for row in rows]
 
     async def complete(self, message: ReceivedMessage[T], *,
@@ -204,7 +235,7 @@ class AsyncQueue(Generic[T]):
     async def periodic_tick(self, driver: ReceivedMessage[T], *, now: datetime | None = None,
                             conn: AsyncConnection | None = None) -> periodic.TickResult:
         """:meth:`fairq.Queue.periodic_tick`, with asyncio."""
-        tick = periodic.tick(driver, now or datetime.now(timezone.utc))
+        tick = periodic.tick(driver, now or datetime.now(timezone.utc), self.name)
         try:
             async with self._atomic(conn) as tx:
                 work = await self._run(tick.work, tx)
@@ -227,16 +258,25 @@ class AsyncQueue(Generic[T]):
 
     async def dead_letters(self, channel: str | None = None, *, limit: int = 100,
                            conn: AsyncConnection | None = None) -> list[DeadLetter]:
-        return await self._run(_sql.dead_letters(channel, limit), conn)
+        return await self._run(_sql.dead_letters(channel, limit, queue=self.name), conn)
 
     async def dead_letter_retry(self, message_id: int, *,
                                 conn: AsyncConnection | None = None) -> RetryStatus:
         return await self._run(_sql.dead_letter_retry(message_id), conn)
 
+    async def dead_letter_delete(self, message_id: int, *,
+                                 conn: AsyncConnection | None = None) -> DeleteStatus:
+        return await self._run(_sql.dead_letter_delete(message_id), conn)
+
+    async def dead_letter_purge(self, before: datetime, *, all_queues: bool = False,
+                                conn: AsyncConnection | None = None) -> int:
+        return await self._run(
+            _sql.dead_letter_purge(before, queue=None if all_queues else self.name), conn)
+
     async def history(self, channel: str | None = None, *, since: datetime | None = None,
                       limit: int = 1000,
                       conn: AsyncConnection | None = None) -> list[HistoryRecord]:
-        return await self._run(_sql.history(channel, since, limit), conn)
+        return await self._run(_sql.history(channel, since, limit, queue=self.name), conn)
 
     async def history_prune(self, before: datetime, *,
                             conn: AsyncConnection | None = None) -> int:

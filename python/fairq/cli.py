@@ -17,19 +17,19 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from fairq import __version__
+from fairq import __version__, _timestamps
 from fairq.aio import AsyncQueue
 from fairq.aio_worker import AsyncWorker
 from fairq.codecs import BytesCodec, Codec, JsonCodec, TextCodec
 from fairq.install import InstallError, Scripts, install, upgrade
 from fairq.queue import Queue
-from fairq.types import ChannelStats, RetryStatus
+from fairq.types import ChannelStats, QueueStats, RetryStatus
 from fairq.worker import Worker
 
 __all__ = ["main"]
@@ -44,6 +44,7 @@ DELEGATED = {
 }
 CODECS: dict[str, Callable[[], Codec[Any]]] = {
     "bytes": BytesCodec, "text": TextCodec, "json": JsonCodec}
+DEFAULT_QUEUE = "default"
 
 
 class _Failed(Exception):
@@ -52,6 +53,13 @@ class _Failed(Exception):
 
 def _seconds(text: str) -> timedelta:
     return timedelta(seconds=float(text))
+
+
+def _moment(text: str) -> datetime:
+    """An ISO 8601 time; without an offset, this machine's local time."""
+    # Before Python 3.11, fromisoformat does not read the "Z" of UTC.
+    moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    return moment if moment.tzinfo is not None else moment.astimezone()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,11 +72,18 @@ def _parser() -> argparse.ArgumentParser:
     # keeps a subcommand from overwriting the global value when it is not given there.
     dsn_option = argparse.ArgumentParser(add_help=False)
     dsn_option.add_argument("--dsn", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    queue_option = argparse.ArgumentParser(add_help=False)
+    queue_option.add_argument("--queue", default=DEFAULT_QUEUE,
+                              help=f"the queue (default: {DEFAULT_QUEUE})")
+    until_option = argparse.ArgumentParser(add_help=False)
+    until_option.add_argument("--until", type=_moment,
+                              help="ISO 8601 time the pause ends, local time without an offset"
+                                   " (default: until resumed)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def leaf(group: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
-             summary: str) -> argparse.ArgumentParser:
-        return group.add_parser(name, parents=[dsn_option], help=summary)
+             summary: str, *options: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        return group.add_parser(name, parents=[dsn_option, *options], help=summary)
 
     scripts_help = "directory holding fairq.control and the scripts (default: bundled)"
     sub = leaf(commands, "install", "install fairq as a plain schema (no extension)")
@@ -77,36 +92,51 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--scripts", type=Path, help=scripts_help)
     sub.add_argument("--to", dest="target", help="target version (default: current)")
 
-    channel = commands.add_parser("channel", help="channel policies").add_subparsers(
+    queue = commands.add_parser("queue", help="pause and resume queues").add_subparsers(
         dest="action", required=True, metavar="ACTION")
-    sub = leaf(channel, "set", "set a channel's policy (omitted limits: unlimited)")
+    sub = leaf(queue, "pause", "hand out none of a queue's messages", until_option)
+    sub.add_argument("queue")
+    sub = leaf(queue, "resume", "end a queue's pause")
+    sub.add_argument("queue")
+
+    channel = commands.add_parser("channel", help="channel policies and pauses").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    sub = leaf(channel, "set", "set a channel's policy (omitted limits: unlimited)",
+               queue_option)
     sub.add_argument("channel")
     sub.add_argument("--max-concurrency", type=int)
     sub.add_argument("--release-interval-ms", type=int, default=0)
     sub.add_argument("--max-size", type=int)
     sub.add_argument("--max-attempts", type=int)
-    sub = leaf(channel, "clear", "forget a channel's policy")
+    sub.add_argument("--weight", type=int, default=1, help="share of turns, 1-1000 (default: 1)")
+    sub = leaf(channel, "clear", "forget a channel's policy and pause", queue_option)
     sub.add_argument("channel")
-    leaf(channel, "list", "channels and their policies")
+    sub = leaf(channel, "pause", "hand out none of a channel's messages", queue_option,
+               until_option)
+    sub.add_argument("channel")
+    sub = leaf(channel, "resume", "end a channel's pause", queue_option)
+    sub.add_argument("channel")
+    leaf(channel, "list", "channels and their policies", queue_option)
 
-    sub = leaf(commands, "send", "create a message")
+    sub = leaf(commands, "send", "create a message", queue_option)
     sub.add_argument("channel")
     sub.add_argument("content", help="the content as text; - reads bytes from stdin")
     sub.add_argument("--delay", type=_seconds, help="seconds until it is due")
     sub.add_argument("--priority", type=int, default=0)
     sub.add_argument("--dedup-key")
 
-    leaf(commands, "stats", "channels: size, ready, scheduled, in flight, limits")
+    sub = leaf(commands, "stats", "queues: size, ready, scheduled, in flight, dead, pause")
+    sub.add_argument("--queue", help="that queue only, and its channels")
 
     dead = commands.add_parser("dead", help="dead letters").add_subparsers(
         dest="action", required=True, metavar="ACTION")
-    sub = leaf(dead, "list", "list dead letters, oldest first")
+    sub = leaf(dead, "list", "list a queue's dead letters, oldest first", queue_option)
     sub.add_argument("--channel")
     sub.add_argument("--limit", type=int, default=100)
     sub = leaf(dead, "retry", "put dead letters back on their channels")
     sub.add_argument("ids", type=int, nargs="+", metavar="ID")
 
-    sub = leaf(commands, "worker", "run a handler over the queue's messages")
+    sub = leaf(commands, "worker", "run a handler over a queue's messages", queue_option)
     sub.add_argument("handler", metavar="MODULE:FUNCTION",
                      help="a function taking a fairq.Message, or an async one taking a "
                           "fairq.AsyncMessage (run by an AsyncWorker); the module is "
@@ -124,6 +154,23 @@ def _parser() -> argparse.ArgumentParser:
     for name, (_, summary) in DELEGATED.items():
         commands.add_parser(name, help=summary)  # listed here, dispatched in main()
     return parser
+
+
+def _format_moment(moment: datetime | None) -> str | None:
+    if moment == _timestamps.MAX:
+        return "infinity"  # a pause until resumed, as PostgreSQL shows it
+    return None if moment is None else moment.isoformat()
+
+
+def _paused(until: datetime | None) -> str:
+    return f"paused until {'resumed' if until is None else until.isoformat()}"
+
+
+def _print_queues(queues: Sequence[QueueStats]) -> None:
+    _print_table(["queue", "channels", "size", "ready", "scheduled", "in_flight", "dead",
+                  "paused_until"],
+                 [(q.queue, q.channels, q.size, q.ready, q.scheduled, q.in_flight, q.dead,
+                   _format_moment(q.paused_until)) for q in queues])
 
 
 def _format_limits(stats: ChannelStats) -> str:
@@ -177,13 +224,14 @@ def _run(args: argparse.Namespace) -> None:
         pool_size = args.concurrency + 2
         if inspect.iscoroutinefunction(handler):
             async def work() -> None:
-                async with AsyncQueue(args.dsn, codec=codec, pool_size=pool_size) as aqueue:
+                async with AsyncQueue(args.dsn, name=args.queue, codec=codec,
+                                      pool_size=pool_size) as aqueue:
                     await AsyncWorker(aqueue, handler, concurrency=args.concurrency,
                                       lock=args.lock, max_attempts=args.max_attempts,
                                       grace_period=args.grace, poll_interval=args.poll).run()
             asyncio.run(work())
             return
-        with Queue(args.dsn, codec=codec, pool_size=pool_size) as wqueue:
+        with Queue(args.dsn, name=args.queue, codec=codec, pool_size=pool_size) as wqueue:
             Worker(wqueue, handler, concurrency=args.concurrency, lock=args.lock,
                    max_attempts=args.max_attempts, grace_period=args.grace,
                    poll_interval=args.poll).run()
@@ -191,29 +239,49 @@ def _run(args: argparse.Namespace) -> None:
 
     # One-shot commands: one connection, so that an unreachable database fails at once.
     with psycopg.connect(args.dsn, autocommit=True) as conn:
-        queue = Queue(conn)
-        if args.command == "channel" and args.action == "set":
+        # `stats` without --queue and `dead retry` (by id) concern no one queue.
+        name = getattr(args, "queue", None)
+        queue = Queue(conn, name=DEFAULT_QUEUE if name is None else name)
+        if args.command == "queue" and args.action == "pause":
+            queue.pause(args.until)
+            print(f"queue {queue.name}: {_paused(args.until)}")
+        elif args.command == "queue":
+            print(f"queue {queue.name}: " + ("resumed" if queue.resume() else "was not paused"))
+        elif args.command == "channel" and args.action == "set":
             queue.channel_set(args.channel, max_concurrency=args.max_concurrency,
                               release_interval=timedelta(milliseconds=args.release_interval_ms),
-                              max_size=args.max_size, max_attempts=args.max_attempts)
+                              max_size=args.max_size, max_attempts=args.max_attempts,
+                              weight=args.weight)
             print(f"channel {args.channel}: policy set")
         elif args.command == "channel" and args.action == "clear":
             had = queue.channel_clear(args.channel)
             print(f"channel {args.channel}: " + ("policy cleared" if had else "had no policy"))
+        elif args.command == "channel" and args.action == "pause":
+            queue.channel_pause(args.channel, args.until)
+            print(f"channel {args.channel}: {_paused(args.until)}")
+        elif args.command == "channel" and args.action == "resume":
+            resumed = queue.channel_resume(args.channel)
+            print(f"channel {args.channel}: " + ("resumed" if resumed else "was not paused"))
         elif args.command == "channel":
-            _print_table(["channel", "limits"],
-                         [(s.channel, _format_limits(s)) for s in queue.channels()])
+            _print_table(["channel", "weight", "limits", "paused_until"],
+                         [(s.channel, s.weight, _format_limits(s), _format_moment(s.paused_until))
+                          for s in queue.channels()])
         elif args.command == "send":
             content = sys.stdin.buffer.read() if args.content == "-" else args.content.encode()
             result = queue.send(args.channel, content, delay=args.delay, priority=args.priority,
                                 dedup_key=args.dedup_key)
             print(f"{result.status.value} {result.id if result.id is not None else '-'}")
+        elif args.command == "stats" and args.queue is None:
+            _print_queues(queue.queues())
         elif args.command == "stats":
+            _print_queues([queue.stats()])
+            print()
             _print_table(
-                ["channel", "size", "ready", "scheduled", "in_flight", "limits", "next_turn"],
-                [(s.channel, s.size, s.ready, s.scheduled, s.in_flight, _format_limits(s),
-                  s.next_dequeue_at.isoformat() if s.next_dequeue_at else None)
-                 for s in queue.channels()])
+                ["channel", "size", "ready", "scheduled", "in_flight", "weight", "limits",
+                 "paused_until", "next_turn"],
+                [(s.channel, s.size, s.ready, s.scheduled, s.in_flight, s.weight,
+                  _format_limits(s), _format_moment(s.paused_until),
+                  _format_moment(s.next_dequeue_at)) for s in queue.channels()])
         elif args.command == "dead" and args.action == "list":
             _print_table(["id", "channel", "attempts", "died_at", "error"],
                          [(d.id, d.channel, d.num_attempts, d.died_at.isoformat(), d.error)

@@ -17,6 +17,9 @@ does: see cronsim).
 
 The driver keeps its row forever, so its ``num_attempts`` grows by one per tick: give
 ``fairq.periodic`` no ``max_attempts``.
+
+Schedules belong to a queue: the driver is a message of the queue it was scheduled
+in, and its ticks' work goes to the queue whose worker received it, the same one.
 """
 
 from __future__ import annotations
@@ -120,15 +123,17 @@ class Schedule:
                    priority=doc["priority"], cron=doc.get("cron"), timezone=doc.get("timezone"))
 
 
-def schedule(name: str, channel: str, content: bytes, *, interval: timedelta | None = None,
-             cron: str | None = None, timezone: str | None = None,
-             start_at: datetime | None, priority: int) -> _sql.Call[CreateResult]:
-    """The call that creates the driver of schedule ``name``: every ``interval`` from
-    ``start_at`` (default: now), or at the times of ``cron`` from ``start_at`` on."""
+def schedule(name: str, channel: str, content: bytes, *, queue: str,
+             interval: timedelta | None = None, cron: str | None = None,
+             timezone: str | None = None, start_at: datetime | None,
+             priority: int) -> _sql.Call[CreateResult]:
+    """The call that creates the driver of schedule ``name`` in ``queue``: every
+    ``interval`` from ``start_at`` (default: now), or at the times of ``cron`` from
+    ``start_at`` on."""
     driver = Schedule(name, interval, channel, content, priority, cron, timezone)
     first = driver.first_at(start_at, datetime.now(UTC))
-    return _sql.create(PERIODIC_CHANNEL, driver.encode(), dequeue_at=first, delay=None,
-                       priority=0, dedup_key=name)
+    return _sql.create(PERIODIC_CHANNEL, driver.encode(), queue=queue, dequeue_at=first,
+                       delay=None, priority=0, dedup_key=name)
 
 
 @dataclass(frozen=True)
@@ -175,16 +180,17 @@ class Tick:
         return TickResult(self.schedule, self.due_at, self.next_at, refused.status, None)
 
 
-def tick(driver: ReceivedMessage[Any], now: datetime) -> Tick:
-    """The tick a received driver stands for. Ticks missed while no worker ran are not
-    replayed: the next one is the schedule's first tick after ``now``."""
+def tick(driver: ReceivedMessage[Any], now: datetime, queue: str) -> Tick:
+    """The tick a driver received from ``queue`` stands for. Ticks missed while no
+    worker ran are not replayed: the next one is the schedule's first tick after
+    ``now``."""
     sched = Schedule.decode(driver.raw)
     due_at = driver.dequeue_at
     next_at = sched.next_after(due_at, now)
     # Keyed by tick, so the same tick never has two work messages pending at once. The
     # driver's id, not the name, keeps the key short whatever the name's length.
     work_key = f"{PERIODIC_CHANNEL}:{driver.id}@{due_at.isoformat()}"
-    work = _sql.create(sched.channel, sched.content, dequeue_at=None, delay=None,
+    work = _sql.create(sched.channel, sched.content, queue=queue, dequeue_at=None, delay=None,
                        priority=sched.priority, dedup_key=work_key)
     reschedule = _sql.defer(driver.id, driver.num_attempts, dequeue_at=next_at, delay=None,
                             state=None)

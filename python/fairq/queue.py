@@ -19,7 +19,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
-from fairq import _sql, periodic
+from fairq import _sql, _timestamps, periodic
 from fairq._source import conninfo_of
 from fairq.codecs import BytesCodec, Codec
 from fairq.types import (
@@ -27,9 +27,11 @@ from fairq.types import (
     ChannelStats,
     CreateResult,
     DeadLetter,
+    DeleteStatus,
     HistoryRecord,
     Message,
     NewMessage,
+    QueueStats,
     ReceivedMessage,
     RetryStatus,
     SettleResult,
@@ -52,24 +54,28 @@ class _Shared:
 
 
 class Queue(Generic[T]):
-    """fairq over psycopg 3, synchronously.
+    """fairq over psycopg 3, synchronously: the queue ``name`` (default ``"default"``).
 
     ``source`` is a conninfo string (the queue then owns a pool of up to
     ``pool_size`` autocommit connections; close it with ``close()`` or ``with``), a
     ``psycopg.Connection`` or a ``psycopg_pool.ConnectionPool`` (both stay the
     caller's). ``codec`` turns contents into bytes and back (default: raw bytes).
+    Queues on the same database are independent: each has its own channels,
+    round-robin, dead letters and history, and a dequeue serves only its own.
     """
 
     @overload
     def __init__(self: Queue[bytes], source: str | Connection | ConnectionPool[Any], *,
-                 codec: None = None, pool_size: int = 10) -> None: ...
+                 name: str = "default", codec: None = None, pool_size: int = 10) -> None: ...
 
     @overload
     def __init__(self, source: str | Connection | ConnectionPool[Any], *,
-                 codec: Codec[T], pool_size: int = 10) -> None: ...
+                 name: str = "default", codec: Codec[T], pool_size: int = 10) -> None: ...
 
     def __init__(self, source: str | Connection | ConnectionPool[Any], *,
-                 codec: Codec[Any] | None = None, pool_size: int = 10) -> None:
+                 name: str = "default", codec: Codec[Any] | None = None,
+                 pool_size: int = 10) -> None:
+        self.name = name
         self.codec: Codec[T] = codec if codec is not None else BytesCodec()  # type: ignore[assignment]
         self.conninfo = conninfo_of(source)
         self._owned_pool: ConnectionPool[Any] | None = None
@@ -129,26 +135,58 @@ class Queue(Generic[T]):
             with self.connection() as own:
                 return self._run(call, own)
         with conn.cursor(row_factory=tuple_row) as cur:
+            _timestamps.register(cur)
             return call.decode(cur.execute(call.query, call.params).fetchall())
+
+    # -- the queue ------------------------------------------------------------------
+
+    def pause(self, until: datetime | None = None, *, conn: Connection | None = None) -> None:
+        """Hands out none of the queue's messages before ``until`` (None: until
+        :meth:`resume`); creates, settlements and heartbeats go on."""
+        self._run(_sql.queue_pause(self.name, until), conn)
+
+    def resume(self, *, conn: Connection | None = None) -> bool:
+        """Ends the queue's pause; True if it was paused."""
+        return self._run(_sql.queue_resume(self.name), conn)
+
+    def stats(self, *, conn: Connection | None = None) -> QueueStats:
+        """The queue's counts and pause (zeros for a queue never used)."""
+        return self._run(_sql.queue_stats(self.name), conn)
+
+    def queues(self, *, conn: Connection | None = None) -> list[QueueStats]:
+        """Every queue of the database (not only this one), by name."""
+        return self._run(_sql.queues(), conn)
 
     # -- channels -------------------------------------------------------------------
 
     def channel_set(self, channel: str, *, max_concurrency: int | None = None,
                     release_interval: timedelta = timedelta(0), max_size: int | None = None,
-                    max_attempts: int | None = None, conn: Connection | None = None) -> None:
-        """Sets the channel's policy (None = unlimited)."""
-        self._run(_sql.channel_set(channel, max_concurrency=max_concurrency,
+                    max_attempts: int | None = None, weight: int = 1,
+                    conn: Connection | None = None) -> None:
+        """Sets the channel's policy (None = unlimited); ``weight`` (1-1000) is its share
+        of turns."""
+        self._run(_sql.channel_set(channel, queue=self.name, max_concurrency=max_concurrency,
                                    release_interval=release_interval, max_size=max_size,
-                                   max_attempts=max_attempts), conn)
+                                   max_attempts=max_attempts, weight=weight), conn)
 
     def channel_clear(self, channel: str, *, conn: Connection | None = None) -> bool:
-        """Forgets the channel's policy; True if it had one."""
-        return self._run(_sql.channel_clear(channel), conn)
+        """Forgets the channel's policy and any pause; True if it had one."""
+        return self._run(_sql.channel_clear(channel, queue=self.name), conn)
+
+    def channel_pause(self, channel: str, until: datetime | None = None, *,
+                      conn: Connection | None = None) -> None:
+        """Hands out none of the channel's messages before ``until`` (None: until
+        :meth:`channel_resume`); it keeps its messages, policy and locks."""
+        self._run(_sql.channel_pause(channel, queue=self.name, until=until), conn)
+
+    def channel_resume(self, channel: str, *, conn: Connection | None = None) -> bool:
+        """Ends the channel's pause; True if it was paused."""
+        return self._run(_sql.channel_resume(channel, queue=self.name), conn)
 
     def channels(self, channel: str | None = None, *,
                  conn: Connection | None = None) -> list[ChannelStats]:
         """Every live channel's policy and counts (or just ``channel``'s), by name."""
-        return self._run(_sql.channels(channel), conn)
+        return self._run(_sql.channels(channel, queue=self.name), conn)
 
     # -- producing ------------------------------------------------------------------
 
@@ -156,13 +194,14 @@ class Queue(Generic[T]):
              delay: timedelta | None = None, priority: int = 0, dedup_key: str | None = None,
              conn: Connection | None = None) -> CreateResult:
         """Creates a message, due at ``dequeue_at`` or after ``delay`` (default: now)."""
-        return self._run(_sql.create(channel, self.codec.encode(content), dequeue_at=dequeue_at,
-                                     delay=delay, priority=priority, dedup_key=dedup_key), conn)
+        return self._run(_sql.create(channel, self.codec.encode(content), queue=self.name,
+                                     dequeue_at=dequeue_at, delay=delay, priority=priority,
+                                     dedup_key=dedup_key), conn)
 
     def send_many(self, messages: Sequence[NewMessage[T]], *,
                   conn: Connection | None = None) -> list[CreateResult]:
         """Creates many messages in one call; results are in input order."""
-        return self._run(_sql.create_batch(messages, self.codec), conn)
+        return self._run(_sql.create_batch(messages, self.codec, queue=self.name), conn)
 
     def cancel(self, message_id: int, *, conn: Connection | None = None) -> CancelStatus:
         return self._run(_sql.cancel(message_id), conn)
@@ -171,21 +210,22 @@ class Queue(Generic[T]):
                           content: T, *, cron: str | None = None, timezone: str | None = None,
                           start_at: datetime | None = None, priority: int = 0,
                           conn: Connection | None = None) -> CreateResult:
-        """Sends ``content`` to ``channel`` every ``interval`` from ``start_at`` (default:
-        now), or (``interval=None``) at the times of the ``cron`` expression, evaluated
-        in ``timezone`` (an IANA name; default UTC), from ``start_at`` on; for as long as
-        a worker runs. One schedule per ``name``: a second call answers DUPLICATE and
-        changes nothing."""
+        """Sends ``content`` to ``channel`` of this queue every ``interval`` from
+        ``start_at`` (default: now), or (``interval=None``) at the times of the ``cron``
+        expression, evaluated in ``timezone`` (an IANA name; default UTC), from
+        ``start_at`` on; for as long as a worker serves the queue. One schedule per
+        ``name`` and queue: a second call answers DUPLICATE and changes nothing."""
         return self._run(periodic.schedule(name, channel, self.codec.encode(content),
-                                           interval=interval, cron=cron, timezone=timezone,
-                                           start_at=start_at, priority=priority), conn)
+                                           queue=self.name, interval=interval, cron=cron,
+                                           timezone=timezone, start_at=start_at,
+                                           priority=priority), conn)
 
     # -- consuming ------------------------------------------------------------------
 
     def dequeue(self, lock: timedelta, max_messages: int = 1, *,
                 conn: Connection | None = None) -> list[Message[T]]:
         """Up to ``max_messages`` messages, each locked for ``lock``; [] when none is due."""
-        rows = self._run(_sql.dequeue(lock, max_messages), conn)
+        rows = self._run(_sql.dequeue(lock, max_messages, queue=self.name), conn)
         return [Message(*row, codec=self.codec, queue=self) for row in rows]
 
     def complete(self, message: ReceivedMessage[T], *,
@@ -216,12 +256,12 @@ class Queue(Generic[T]):
 
     def periodic_tick(self, driver: ReceivedMessage[T], *, now: datetime | None = None,
                       conn: Connection | None = None) -> periodic.TickResult:
-        """Runs one tick of a periodic driver (a message of channel ``fairq.periodic``,
-        which workers hand here): creates the tick's work and defers the driver to its
-        next tick after ``now`` (default: this host's clock), atomically. If the driver
-        was not ours any more (its lock lapsed), nothing changes: the result's ``work``
-        is None and its ``status`` says why."""
-        tick = periodic.tick(driver, now or datetime.now(timezone.utc))
+        """Runs one tick of a periodic driver (a message of channel ``fairq.periodic`` of
+        this queue, which workers hand here): creates the tick's work in this queue and
+        defers the driver to its next tick after ``now`` (default: this host's clock),
+        atomically. If the driver was not ours any more (its lock lapsed), nothing
+        changes: the result's ``work`` is None and its ``status`` says why."""
+        tick = periodic.tick(driver, now or datetime.now(timezone.utc), self.name)
         try:
             with self._atomic(conn) as tx:
                 work = self._run(tick.work, tx)
@@ -244,19 +284,34 @@ class Queue(Generic[T]):
 
     def dead_letters(self, channel: str | None = None, *, limit: int = 100,
                      conn: Connection | None = None) -> list[DeadLetter]:
-        """Dead letters, oldest death first."""
-        return self._run(_sql.dead_letters(channel, limit), conn)
+        """The queue's dead letters, oldest death first."""
+        return self._run(_sql.dead_letters(channel, limit, queue=self.name), conn)
 
     def dead_letter_retry(self, message_id: int, *,
                           conn: Connection | None = None) -> RetryStatus:
-        """Puts a dead letter back on its channel with its attempt count reset."""
+        """Puts a dead letter back on its channel with a fresh budget of attempts.
+        Message ids are unique across queues: this acts on the id, whatever its queue."""
         return self._run(_sql.dead_letter_retry(message_id), conn)
+
+    def dead_letter_delete(self, message_id: int, *,
+                           conn: Connection | None = None) -> DeleteStatus:
+        """Deletes a dead letter for good (by id, whatever its queue)."""
+        return self._run(_sql.dead_letter_delete(message_id), conn)
+
+    def dead_letter_purge(self, before: datetime, *, all_queues: bool = False,
+                          conn: Connection | None = None) -> int:
+        """Deletes the queue's dead letters that died before ``before`` (every queue's
+        with ``all_queues``); returns how many went."""
+        return self._run(_sql.dead_letter_purge(before, queue=None if all_queues else self.name),
+                         conn)
 
     def history(self, channel: str | None = None, *, since: datetime | None = None,
                 limit: int = 1000, conn: Connection | None = None) -> list[HistoryRecord]:
-        """Settled messages (recorded while ``fairq.history`` is on), oldest first."""
-        return self._run(_sql.history(channel, since, limit), conn)
+        """The queue's settled messages (recorded while ``fairq.history`` is on), oldest
+        first."""
+        return self._run(_sql.history(channel, since, limit, queue=self.name), conn)
 
     def history_prune(self, before: datetime, *, conn: Connection | None = None) -> int:
-        """Deletes history settled before ``before``; returns how many rows went."""
+        """Deletes history settled before ``before``, of every queue (the SQL prunes by
+        time only); returns how many rows went."""
         return self._run(_sql.history_prune(before), conn)

@@ -27,10 +27,12 @@ __all__ = [
     "CreateResult",
     "CreateStatus",
     "DeadLetter",
+    "DeleteStatus",
     "HistoryOutcome",
     "HistoryRecord",
     "Message",
     "NewMessage",
+    "QueueStats",
     "ReceivedMessage",
     "RetryStatus",
     "SettleResult",
@@ -68,6 +70,11 @@ class RetryStatus(enum.Enum):
     NOT_FOUND = "not_found"
 
 
+class DeleteStatus(enum.Enum):
+    DELETED = "deleted"
+    NOT_FOUND = "not_found"
+
+
 class HistoryOutcome(enum.Enum):
     """How a message left the queue, as ``fairq.message_history`` records it."""
 
@@ -101,15 +108,36 @@ class NewMessage(Generic[T]):
 
 
 @dataclass(frozen=True)
+class QueueStats:
+    """A row of the ``fairq.queues`` view: the queue's channels (as ``fairq.channels``
+    counts them), its messages, its dead letters, and the end of its pause (None: not
+    paused; ``datetime.max`` in UTC: until resumed)."""
+
+    queue: str
+    channels: int
+    size: int
+    ready: int
+    scheduled: int
+    in_flight: int
+    dead: int
+    paused_until: datetime | None
+
+
+@dataclass(frozen=True)
 class ChannelStats:
     """A row of the ``fairq.channels`` view. Limits are None when unlimited;
-    ``release_interval`` is zero when messages are released without pause."""
+    ``release_interval`` is zero when messages are released without pause.
+    ``paused_until`` is None when the channel is not paused, ``datetime.max`` in UTC
+    when it is paused until resumed (and then so is ``next_dequeue_at``)."""
 
+    queue: str
     channel: str
     max_concurrency: int | None
     release_interval: timedelta
     max_size: int | None
     max_attempts: int | None
+    weight: int
+    paused_until: datetime | None
     size: int
     ready: int
     scheduled: int
@@ -123,6 +151,7 @@ class DeadLetter:
     precisely because its content cannot be decoded."""
 
     id: int
+    queue: str
     channel: str
     content: bytes
     state: bytes | None
@@ -135,6 +164,7 @@ class DeadLetter:
 @dataclass(frozen=True)
 class HistoryRecord:
     id: int
+    queue: str
     channel: str
     priority: int
     created_at: datetime

@@ -130,10 +130,16 @@ DROP FUNCTION fairq.next_turn(timestamptz, timestamptz, timestamptz, bigint, int
 DROP FUNCTION fairq.producer_lock_key(text);
 DROP FUNCTION fairq.channel_quiet(text);
 
+-- A database with nothing in it has no queue yet, as a fresh install.
+DELETE FROM fairq.queue q
+ WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.queue_id = q.id)
+   AND NOT EXISTS (SELECT 1 FROM fairq.dead_letter d WHERE d.queue = q.name)
+   AND NOT EXISTS (SELECT 1 FROM fairq.message_history h WHERE h.queue = q.name);
+
 -- @after
 -- The views created anew, described again.
 COMMENT ON VIEW fairq.channels IS
-    'Every channel with a policy or messages (idle channels kept for the collector are not shown), by queue, with its policy, weight and pause and its contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when it may next be served; NULL when empty or at max_concurrency).';
+    'Every channel with a policy, a pause or messages (idle channels kept for the collector are not shown), by queue, with its policy, weight and pause and its contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when it may next be served; NULL when empty or at max_concurrency).';
 COMMENT ON VIEW fairq.queues IS
     'Every queue: its channels (as fairq.channels shows them), messages (size, ready, scheduled, in_flight), dead letters, and the end of its pause.';
 COMMENT ON VIEW fairq.dead_letters IS

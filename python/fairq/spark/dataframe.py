@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from fairq.spark.messages import DEFAULT_QUEUE, chunks, create_messages, project, require_queue
+from fairq.spark.messages import (
+    DEFAULT_QUEUE,
+    chunks,
+    create_messages,
+    project,
+    require_named_queues,
+)
 
 if TYPE_CHECKING:
     from pyspark.accumulators import Accumulator
@@ -74,8 +80,8 @@ def enqueue(df: DataFrame, dsn: str, *, channel: str | Column, content: str | Co
     omitted: 0) and ``dedup_key`` (string; see :func:`dedup_key_from`). A NULL channel
     or content fails the job with fairq's SQLSTATE 22004 error.
 
-    ``queue`` other than ``"default"`` needs a fairq with named queues (0.7.0); on an
-    older one it raises RuntimeError before any row is sent.
+    The database's fairq must have named queues (0.7.0 and later); on an older one
+    this raises RuntimeError before any row is sent.
 
     ``dsn`` is a libpq conninfo or URL that the executors can reach. Each partition
     opens one connection and calls ``fairq.message_create_batch`` per ``batch_size``
@@ -84,11 +90,10 @@ def enqueue(df: DataFrame, dsn: str, *, channel: str | Column, content: str | Co
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    if queue != DEFAULT_QUEUE:
-        import psycopg
+    import psycopg
 
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            require_queue(conn, queue)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        require_named_queues(conn)
     sc = df.sparkSession.sparkContext
     counters = (sc.accumulator(0), sc.accumulator(0), sc.accumulator(0))
     project(df, channel, content, dequeue_at, priority, dedup_key).foreachPartition(

@@ -73,13 +73,14 @@ def jdbc_properties(dsn: str) -> dict[str, str]:
 
 # name -> (columns, relation, id column or None, time column used by ``since``)
 _SOURCES: dict[str, tuple[str, str, str | None, str | None]] = {
-    "channels": ("channel, max_concurrency, release_interval_ms, max_size, max_attempts,"
-                 " size, ready, scheduled, in_flight, next_dequeue_at",
-                 "fairq.channels", None, None),
-    "dead_letters": ("id, channel, content, state, num_attempts, error, created_at, died_at",
-                     "fairq.dead_letters", "id", "died_at"),
-    "message_history": ("id, channel, priority, created_at, first_dequeued_at, settled_at,"
-                        " num_attempts, outcome", "fairq.message_history", "id", "settled_at"),
+    "channels": ("queue, channel, max_concurrency, release_interval_ms, max_size,"
+                 " max_attempts, weight, paused_until, size, ready, scheduled, in_flight,"
+                 " next_dequeue_at", "fairq.channels", None, None),
+    "dead_letters": ("id, queue, channel, content, state, num_attempts, error, created_at,"
+                     " died_at", "fairq.dead_letters", "id", "died_at"),
+    "message_history": ("id, queue, channel, priority, created_at, first_dequeued_at,"
+                        " settled_at, num_attempts, outcome", "fairq.message_history", "id",
+                        "settled_at"),
 }
 
 

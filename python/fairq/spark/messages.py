@@ -1,5 +1,6 @@
 """DataFrame rows as fairq messages: the projection that every writer reads, and the
-call that creates a chunk of those rows' messages (on an executor)."""
+call that creates a chunk of those rows' messages (on an executor), through
+:meth:`fairq.Queue.send_many`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from fairq.types import CreateStatus
+from fairq.queue import Queue
+from fairq.types import CreateStatus, NewMessage
 
 if TYPE_CHECKING:
     import psycopg
@@ -94,39 +96,24 @@ def chunks(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield batch
 
 
-def _create_batch_query(queue: str) -> str:
-    # fairq 0.6.0's message_create_batch has no p_queue: naming it only for another
-    # queue keeps the default queue's call valid there and on versions with queues.
-    in_queue = "" if queue == DEFAULT_QUEUE else ", p_queue => %(queue)s::text"
-    return ("SELECT status, count(*) FROM fairq.message_create_batch("
-            "p_channels => %(channels)b::text[], p_contents => %(contents)b::bytea[],"
-            " p_dequeue_ats => %(dequeue_ats)b::timestamptz[],"
-            " p_priorities => %(priorities)b::int[], p_dedup_keys => %(dedup_keys)b::text[]"
-            f"{in_queue}) GROUP BY status")
-
-
 def create_messages(conn: psycopg.Connection[Any], rows: Sequence[Sequence[Any]],
                     queue: str) -> Counter[CreateStatus]:
     """Creates the messages of ``rows`` (:func:`project`'s, or longer: the columns after
     :data:`MESSAGE_COLUMNS` are ignored) in ``queue`` with one call of
-    ``fairq.message_create_batch`` on ``conn``, and counts them by status. NULL
-    dequeue_at and priority elements mean the SQL's defaults (now, 0)."""
-    params = {
-        "channels": [row[0] for row in rows],
-        "contents": [bytes(row[1]) for row in rows],
-        "dequeue_ats": [None if row[2] is None else _EPOCH + timedelta(microseconds=row[2])
-                        for row in rows],
-        "priorities": [row[3] for row in rows],
-        "dedup_keys": [row[4] for row in rows],
-        "queue": queue,
-    }
-    with conn.cursor() as cur:
-        found = cur.execute(_create_batch_query(queue), params).fetchall()
-    return Counter({CreateStatus(status): count for status, count in found})
+    ``fairq.message_create_batch`` on ``conn`` (joining any transaction open there), and
+    counts them by status. A NULL dequeue_at means now, a NULL priority 0."""
+    messages = [
+        NewMessage(row[0], bytes(row[1]),
+                   dequeue_at=None if row[2] is None
+                   else _EPOCH + timedelta(microseconds=row[2]),
+                   priority=0 if row[3] is None else row[3], dedup_key=row[4])
+        for row in rows]
+    results = Queue(conn, name=queue).send_many(messages, conn=conn)
+    return Counter(result.status for result in results)
 
 
 def has_named_queues(conn: psycopg.Connection[Any]) -> bool:
-    """Whether the database's fairq creates messages in named queues (0.7.0 and later:
+    """Whether the database's fairq has named queues (0.7.0 and later:
     ``fairq.message_create_batch`` takes ``p_queue``)."""
     row = conn.execute(
         "SELECT EXISTS (SELECT FROM pg_proc WHERE pronamespace = 'fairq'::regnamespace"
@@ -134,10 +121,11 @@ def has_named_queues(conn: psycopg.Connection[Any]) -> bool:
     return bool(row and row[0])
 
 
-def require_queue(conn: psycopg.Connection[Any], queue: str) -> None:
-    """Raises before anything is written if ``queue`` is not the default queue and the
-    database's fairq has no named queues (rather than failing every task)."""
-    if queue != DEFAULT_QUEUE and not has_named_queues(conn):
-        raise RuntimeError(f"queue={queue!r}: the installed fairq has no named queues"
-                           " (fairq.message_create_batch takes no p_queue); upgrade it,"
-                           " or use the default queue")
+def require_named_queues(conn: psycopg.Connection[Any]) -> None:
+    """Raises before anything is written if the database's fairq has no named queues,
+    which every call of this package names (rather than failing every task)."""
+    if not has_named_queues(conn):
+        raise RuntimeError("the installed fairq has no named queues"
+                           " (fairq.message_create_batch takes no p_queue): this fairq"
+                           " package needs its SQL at 0.7.0 or later; upgrade it"
+                           " (ALTER EXTENSION fairq UPDATE, or fairq upgrade)")

@@ -37,7 +37,7 @@ from fairq.spark.messages import (
     chunks,
     create_messages,
     project,
-    require_queue,
+    require_named_queues,
 )
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ class QueueSink:
                                f" query on this thread (local property {_QUERY_ID_PROPERTY})")
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             if not self._checked:
-                require_queue(conn, self.queue)
+                require_named_queues(conn)
                 ensure_progress_table(conn, self.progress_schema)
                 self._checked = True
             parts, committed = self._begin(
