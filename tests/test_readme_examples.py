@@ -68,6 +68,12 @@ SHELL_COMMANDS = {
     "fairq report --dsn": "tests/test_readme_spark.py runs the README's Spark example and this",
     "fairq worker": "tests/test_worker.py runs `fairq worker MODULE:FUNCTION` as a process; "
                     "test_cli_worker_block_parses checks this block's options",
+    "pip install 'fairq[dashboard]'": "make venv installs the same extra (`.[test,dashboard]`) "
+                                      "for the dashboard's suites",
+    "fairq dashboard --dsn": "tests/test_dashboard_http.py::"
+                             "test_fairq_dashboard_serves_until_stopped",
+    "fairq metrics --once --dsn": "tests/test_dashboard_http.py::"
+                                  "test_metrics_once_prints_the_same",
 }
 
 

@@ -39,6 +39,8 @@ DELEGATED = {
     "bench": ("fairq.bench", "measure fairq against plain SQL on this machine"),
     "demo": ("fairq.demo", "watch fairness happen: a 20-second multi-tenant scenario"),
     "report": ("fairq.report", "Spark report of fairq.message_history (needs the spark extra)"),
+    "dashboard": ("fairq.dashboard", "a live web view of the queues (needs the dashboard extra)"),
+    "metrics": ("fairq.dashboard.exporter", "Prometheus metrics of the queues (dashboard extra)"),
 }
 CODECS: dict[str, Callable[[], Codec[Any]]] = {
     "bytes": BytesCodec, "text": TextCodec, "json": JsonCodec}

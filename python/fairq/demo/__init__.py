@@ -19,6 +19,9 @@ The scenario (``--quick`` shortens 20 s to 5 s):
   attempts); a third "worker" takes five messages and dies holding them, so their
   locks expire and they come back as ``recovered``.
 
+With the dashboard extra installed, the demo serves a read-only ``fairq dashboard`` on
+127.0.0.1 (``--dashboard-port``, default 8080) while it runs, and prints its address.
+
 Every figure of the report comes from the database's own records
 (``fairq.message_history``, recorded for the demo's sessions only), except the
 count of handlers running at once, which the workers measure.
@@ -26,7 +29,8 @@ count of handlers running at once, which the workers measure.
 Modules: ``scenario`` (tenants, the crash, what the demo observes), ``workload``
 (handler and producer), ``queries`` (what it reads back), ``display`` (the live
 table), ``summary`` (the report and its checks), ``chart``, ``database`` (where it
-runs, and cleaning up), ``runner`` (one run) and ``cli``.
+runs, and cleaning up), ``dashboard`` (the one it offers), ``runner`` (one run) and
+``cli``.
 """
 
 from fairq.demo.cli import add_arguments, main, run

@@ -17,6 +17,7 @@ from typing import TextIO
 
 import psycopg
 
+from fairq.demo.dashboard import offer_dashboard
 from fairq.demo.database import DemoError, throwaway_database
 from fairq.demo.runner import scenario_run
 from fairq.demo.scenario import Scenario
@@ -65,6 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-chart", dest="chart", action="store_const", const=None,
                         help="write no chart")
     parser.add_argument("--seed", type=int, default=1, help="random seed of the workload")
+    parser.add_argument("--dashboard-port", type=int, default=8080,
+                        help="watch the run in `fairq dashboard` on 127.0.0.1 at this port "
+                             "(default 8080, or a free one if taken; needs the dashboard extra)")
+    parser.add_argument("--no-dashboard", dest="dashboard_port", action="store_const",
+                        const=None, help="offer no dashboard")
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -80,8 +86,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         with sigterm_as_interrupt(), quiet_workers():
             if args.dsn:
-                return scenario_run(args.dsn, scenario, args.chart, out, args.seed, True)
-            with throwaway_database(out) as dsn:
+                with offer_dashboard(args.dsn, args.dashboard_port, out):
+                    return scenario_run(args.dsn, scenario, args.chart, out, args.seed, True)
+            with throwaway_database(out) as dsn, offer_dashboard(dsn, args.dashboard_port, out):
                 return scenario_run(dsn, scenario, args.chart, out, args.seed, False)
     except KeyboardInterrupt:
         print("\nfairq demo: interrupted, cleaned up", file=sys.stderr)

@@ -1,0 +1,58 @@
+"""How the templates show numbers, ages, times and pauses (Jinja2 filters)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from fairq.dashboard.queries import Pause
+
+__all__ = ["FILTERS", "age", "count", "pause", "rate", "relative"]
+
+
+def count(value: int | None) -> str:
+    return "—" if value is None else f"{value:,}"
+
+
+def age(seconds: float | None) -> str:
+    """A duration for people: 850 ms, 12.3 s, 4 min 05 s, 2 h 07 min."""
+    if seconds is None:
+        return "—"
+    if seconds < 0:
+        return "-" + age(-seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def relative(at: datetime | None, now: datetime) -> str:
+    """A moment relative to now: "now", "in 3.0 s", "2.0 s ago"."""
+    if at is None:
+        return "—"
+    delta = (at - now).total_seconds()
+    if abs(delta) < 0.05:
+        return "now"
+    return f"in {age(delta)}" if delta > 0 else f"{age(-delta)} ago"
+
+
+def pause(value: Pause) -> str:
+    if value.forever:
+        return "until resumed"
+    if value.until is not None:
+        return f"until {value.until:%Y-%m-%d %H:%M:%S %Z}".strip()
+    return "—"
+
+
+def rate(release_interval_ms: int) -> str:
+    return f"1 per {age(release_interval_ms / 1000)}" if release_interval_ms else "—"
+
+
+FILTERS: dict[str, Callable[..., Any]] = {
+    "count": count, "age": age, "relative": relative, "pause": pause, "rate": rate}

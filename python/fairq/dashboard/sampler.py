@@ -1,0 +1,189 @@
+"""What the dashboard samples in the background: the queues, every few seconds.
+
+One thread reads ``fairq.queues`` (whose cost grows with the number of channels) once
+per interval, however many browsers and scrapers look: the pages and ``/metrics`` read
+the latest :class:`Snapshot`, and an action asks for a fresh one at once. The samples
+of the last hour feed the chart when the history is off. When the history holds rows,
+the sampler also keeps the counters of settled messages (see :class:`SettledCounters`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import psycopg
+
+from fairq.dashboard.queries import (
+    Connection,
+    HistoryTotal,
+    QueueRow,
+    can_read_messages,
+    history_totals,
+    queues,
+)
+
+__all__ = ["HOUR", "Sample", "Sampler", "SettledCounters", "Snapshot", "take_snapshot"]
+
+HOUR = timedelta(hours=1)
+log = logging.getLogger("fairq.dashboard")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The queues as one read saw them."""
+
+    taken_at: datetime  # the database's clock
+    seconds: float  # how long the read took
+    queues: list[QueueRow]
+    reads_messages: bool  # whether fairq.message was readable (oldest ready ages)
+    history: bool  # whether fairq.message_history holds rows or the setting is on
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One queue at one moment, for the sampled chart."""
+
+    at: datetime
+    queue: str
+    ready: int
+    in_flight: int
+    oldest_ready_s: float | None
+
+
+def take_snapshot(conn: Connection) -> Snapshot:
+    reads = can_read_messages(conn)
+    row = conn.execute(
+        "SELECT clock_timestamp(), has_table_privilege('fairq.message_history', 'SELECT')"
+        " AND (coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1')"
+        "      OR EXISTS (SELECT 1 FROM fairq.message_history))").fetchone()
+    assert row is not None
+    started: datetime = row[0]
+    rows = queues(conn, with_oldest=reads)
+    done = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert done is not None
+    return Snapshot(started, (done[0] - started).total_seconds(), rows, reads, bool(row[1]))
+
+
+@dataclass
+class SettledCounters:
+    """Settled messages per (queue, outcome) and their deliveries, as recorded in
+    fairq.message_history: the totals of the whole table when first read, then what
+    each read adds.
+
+    A history row's settled_at is taken inside its transaction, which may commit a
+    little later: a read of everything after the last read would miss such rows. So
+    each read goes back ``overlap`` (whole seconds) and compares that window's counts,
+    per second, with what it counted there before; seconds older than that are final."""
+
+    overlap: timedelta = timedelta(seconds=60)
+    totals: dict[tuple[str, str], HistoryTotal] = field(default_factory=dict)
+    recent: dict[tuple[str, str, datetime], HistoryTotal] = field(default_factory=dict)
+    since: datetime | None = None  # rows settled before it are in the totals for good
+
+    def update(self, conn: Connection, now: datetime) -> None:
+        horizon = (now - self.overlap).replace(microsecond=0)
+        if self.since is None:
+            for total in history_totals(conn, horizon):
+                self._add(total.queue, total.outcome, total.messages, total.deliveries)
+            self.since = horizon
+        rows = conn.execute(
+            "SELECT queue, outcome, date_trunc('second', settled_at), count(*),"
+            " coalesce(sum(num_attempts), 0) FROM fairq.message_history"
+            " WHERE settled_at >= %s GROUP BY 1, 2, 3", (self.since,)).fetchall()
+        for queue, outcome, second, messages, deliveries in rows:
+            key = (queue, outcome, second)
+            seen = self.recent.get(key)
+            self._add(queue, outcome, messages - (seen.messages if seen else 0),
+                      deliveries - (seen.deliveries if seen else 0))
+            self.recent[key] = HistoryTotal(queue, outcome, messages, deliveries)
+        if horizon > self.since:
+            self.since = horizon
+            self.recent = {k: v for k, v in self.recent.items() if k[2] >= horizon}
+
+    def _add(self, queue: str, outcome: str, messages: int, deliveries: int) -> None:
+        # Counters only grow: a window that history_prune emptied must not lower them.
+        if messages <= 0 and deliveries <= 0:
+            return
+        old = self.totals.get((queue, outcome), HistoryTotal(queue, outcome, 0, 0))
+        self.totals[(queue, outcome)] = HistoryTotal(
+            queue, outcome, old.messages + max(messages, 0),
+            old.deliveries + max(deliveries, 0))
+
+
+class Sampler:
+    """Samples the queues every ``interval`` on a thread of its own (``start``/``stop``);
+    ``latest()`` is the last snapshot, ``sample_now()`` takes one at once."""
+
+    def __init__(self, connect: Callable[[], AbstractContextManager[Connection]],
+                 interval: timedelta) -> None:
+        self._connect = connect
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._latest: Snapshot | None = None
+        self.error: str | None = None  # the last read's failure, shown on the pages
+        self.started_at: datetime | None = None
+        self.samples: deque[Sample] = deque()
+        self.counters = SettledCounters()
+
+    def start(self) -> None:
+        self.sample_now()
+        self._thread = threading.Thread(target=self._run, name="fairq-dashboard-sampler",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def latest(self) -> Snapshot | None:
+        with self._lock:
+            return self._latest
+
+    def sampled(self) -> Iterator[Sample]:
+        with self._lock:
+            return iter(list(self.samples))
+
+    def settled(self) -> list[HistoryTotal] | None:
+        """The counters of settled messages, or None while no history is recorded."""
+        with self._lock:
+            if self._latest is None or not self._latest.history:
+                return None
+            return sorted(self.counters.totals.values(), key=lambda t: (t.queue, t.outcome))
+
+    def sample_now(self) -> Snapshot | None:
+        """Reads the queues now (and the history's new rows); on failure keeps the last
+        snapshot and records the database's error."""
+        try:
+            with self._connect() as conn:
+                snapshot = take_snapshot(conn)
+                with self._lock:
+                    if snapshot.history:
+                        self.counters.update(conn, snapshot.taken_at)
+        except psycopg.Error as exc:
+            log.warning("sampling the queues failed: %s", exc)
+            with self._lock:
+                self.error = str(exc).strip() or type(exc).__name__
+                return self._latest
+        with self._lock:
+            self.error = None
+            self._latest = snapshot
+            if self.started_at is None:
+                self.started_at = snapshot.taken_at
+            self.samples.extend(Sample(snapshot.taken_at, q.queue, q.ready, q.in_flight,
+                                       q.oldest_ready_s) for q in snapshot.queues)
+            while self.samples and self.samples[0].at < snapshot.taken_at - HOUR:
+                self.samples.popleft()
+        return snapshot
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval.total_seconds()):
+            self.sample_now()

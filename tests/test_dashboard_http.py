@@ -1,0 +1,298 @@
+"""The dashboard over plain HTTP: what it escapes, what it refuses (cross-site POSTs,
+read-only mode, foreign Host headers, an observer's actions), /metrics against the
+database, and the two commands. The browser's view is tests/test_dashboard_browser.py."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import psycopg
+import pytest
+
+pytest.importorskip("starlette")
+from prometheus_client.parser import text_string_to_metric_families
+
+from dashboard_scene import ERROR_HTML, XSS, Scene, build_scene, observer_dsn
+from fairq.dashboard.app import Settings
+from fairq.dashboard.csrf import COOKIE, Csrf
+from fairq.dashboard.server import Running, start
+
+
+@dataclass
+class Client:
+    """A browser's worth of HTTP: one cookie jar, its own origin."""
+
+    url: str
+    csrf: Csrf  # the dashboard's, to forge what a page would have carried
+    cookies: dict[str, str] = field(default_factory=dict)
+
+    def request(self, method: str, path: str, body: dict[str, str] | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+        parts = urlsplit(self.url)
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port)
+        sent = {"Cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items()),
+                **(headers or {})}
+        data = None
+        if body is not None:
+            data = urlencode(body)
+            sent["Content-Type"] = "application/x-www-form-urlencoded"
+        conn.request(method, path, body=data, headers=sent)
+        response = conn.getresponse()
+        text = response.read().decode()
+        for name, value in response.getheaders():
+            if name.lower() == "set-cookie":
+                key, _, rest = value.partition("=")
+                self.cookies[key] = rest.split(";", 1)[0]
+        conn.close()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, text
+
+    def get(self, path: str) -> str:
+        status, _, text = self.request("GET", path)
+        assert status == 200, text
+        return text
+
+    def token(self, path: str = "/dead-letters") -> str:
+        match = re.search(r'name="csrf_token" value="([0-9a-f]+)"', self.get(path))
+        assert match, "no CSRF token in the page's forms"
+        return match.group(1)
+
+    def post(self, action: str, form: dict[str, str],
+             headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+        origin = self.url.rstrip("/")
+        return self.request("POST", f"/actions/{action}", form,
+                            {"Origin": origin, **(headers or {})})
+
+
+@pytest.fixture
+def scene(dsn: str) -> Scene:
+    return build_scene(dsn)
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    running: list[Running] = []
+
+    def serve(dsn: str, **options: Any) -> Client:
+        options.setdefault("interval", timedelta(seconds=30))  # samples on demand only
+        running.append(start(Settings(dsn, **options)))
+        return Client(running[-1].url, running[-1].dashboard.csrf)
+
+    yield serve
+    for server in running:
+        server.stop()
+
+
+def test_every_name_and_error_is_escaped(dsn: str, scene: Scene, serve: Any) -> None:
+    client = serve(dsn)
+    channels = client.get("/channels?queue=default")
+    assert XSS not in channels
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in channels
+    dead = client.get("/dead-letters")
+    assert ERROR_HTML not in dead and "<img" not in dead
+    assert "&lt;img src=x onerror=alert(2)&gt; &amp; &#34;boom&#34;" in dead
+    # The page says no inline script may run, whatever got through.
+    _, headers, _ = client.request("GET", "/")
+    assert "default-src 'self'" in headers["content-security-policy"]
+
+
+def test_posts_need_the_token_and_this_origin(dsn: str, scene: Scene, serve: Any) -> None:
+    client = serve(dsn)
+    token = client.token()
+    victim = str(scene.dead_ids[0])
+    refused = [
+        client.post("retry", {"id": victim}),  # no token
+        client.post("retry", {"id": victim, "csrf_token": "0" * 64}),  # a wrong one
+        client.post("retry", {"id": victim, "csrf_token": token},
+                    {"Origin": "http://evil.example"}),
+        client.post("retry", {"id": victim, "csrf_token": token},
+                    {"Sec-Fetch-Site": "cross-site"}),
+        # Another browser (no session cookie) with a token it copied from ours.
+        Client(client.url, client.csrf).post("retry", {"id": victim, "csrf_token": token}),
+    ]
+    assert [status for status, _, _ in refused] == [403] * 5
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM fairq.dead_letters WHERE id = %s",
+                            (victim,)).fetchone() == (1,)
+    status, headers, _ = client.post("retry", {"id": victim, "csrf_token": token,
+                                               "next": "/dead-letters?queue=emails"})
+    assert status == 303
+    assert headers["location"].startswith("/dead-letters?queue=emails&notice=dead+letter")
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM fairq.dead_letters WHERE id = %s",
+                            (victim,)).fetchone() == (0,)
+        assert conn.execute("SELECT status::text FROM fairq.message WHERE id = %s",
+                            (victim,)).fetchone() == ("ready",)
+
+
+def test_next_never_leaves_the_dashboard(dsn: str, scene: Scene, serve: Any) -> None:
+    client = serve(dsn)
+    token = client.token()
+    for target in ("//evil.example/", "https://evil.example/", "/\\evil.example"):
+        status, headers, _ = client.post("resume-queue", {
+            "queue": "default", "csrf_token": token, "next": target})
+        assert status == 303 and headers["location"].startswith("/?notice="), target
+
+
+def test_read_only_has_no_forms_and_refuses_posts(dsn: str, scene: Scene, serve: Any) -> None:
+    client = serve(dsn, read_only=True)
+    for path in ("/", "/channels?queue=default", "/dead-letters", "/in-flight"):
+        page = client.get(path)
+        assert "<form" not in page and "<button" not in page, path
+    # Even a POST that would pass every CSRF check (no page offers its token here).
+    token = client.csrf.token(client.cookies[COOKIE])
+    status, _, text = client.post("delete", {"id": str(scene.dead_ids[0]), "csrf_token": token})
+    assert status == 403 and "read-only" in text
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM fairq.dead_letters").fetchone() == (2,)
+
+
+def test_foreign_host_headers_are_refused(dsn: str, scene: Scene, serve: Any) -> None:
+    """Bound to 127.0.0.1, only its own names are served: a page that rebinds its DNS
+    name to 127.0.0.1 cannot read the dashboard."""
+    client = serve(dsn)
+    status, _, _ = client.request("GET", "/", headers={"Host": "evil.example"})
+    assert status == 400
+
+
+def test_an_observer_sees_everything_it_may_and_the_refusals(dsn: str, scene: Scene,
+                                                              serve: Any) -> None:
+    client = serve(observer_dsn(dsn))
+    queues = client.get("/")
+    assert "fairq_watcher" in queues and "actions need the owner" in queues
+    assert "Oldest ready ages need SELECT on fairq.message" in queues
+    assert "&lt;script&gt;" in client.get("/channels?queue=default")
+    in_flight = client.get("/in-flight")
+    assert "The database refused: permission denied for table" in in_flight
+    status, _, text = client.post("retry", {"id": str(scene.dead_ids[0]),
+                                            "csrf_token": client.token()})
+    assert status == 403
+    assert "permission denied for function dead_letter_retry" in text
+    assert "42501" in text
+
+
+def metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def expected_queue_metrics(dsn: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT queue, channels, size, ready, scheduled, in_flight, dead,"
+                            " paused_until IS NOT NULL FROM fairq.queues").fetchall()
+        settled = conn.execute("SELECT queue, outcome, count(*), sum(num_attempts)"
+                               " FROM fairq.message_history GROUP BY 1, 2").fetchall()
+    expected = {}
+    for queue, *values in rows:
+        for name, value in zip(("channels", "size", "ready", "scheduled", "in_flight",
+                                "dead_letters", "paused"), values, strict=True):
+            expected[(f"fairq_queue_{name}", (("queue", queue),))] = float(value)
+    deliveries: dict[str, float] = {}
+    for queue, outcome, count, attempts in settled:
+        expected[("fairq_settled_messages_total", (("outcome", outcome), ("queue", queue)))] = \
+            float(count)
+        deliveries[queue] = deliveries.get(queue, 0.0) + float(attempts)
+    for queue, total in deliveries.items():
+        expected[("fairq_deliveries_total", (("queue", queue),))] = total
+    return expected
+
+
+def test_metrics_match_the_database(dsn: str, scene: Scene, serve: Any) -> None:
+    client = serve(dsn, top_channels=3)
+    found = metrics(client.get("/metrics"))
+    expected = expected_queue_metrics(dsn)
+    assert {k: found.get(k) for k in expected} == expected
+    assert found[("fairq_up", ())] == 1.0
+    # Per-channel series: the three largest ready backlogs only, with their numbers.
+    with psycopg.connect(dsn) as conn:
+        top = conn.execute("SELECT queue, channel, ready, in_flight FROM fairq.channels"
+                           " ORDER BY ready DESC, queue, channel LIMIT 3").fetchall()
+    series = {labels for name, labels in found if name == "fairq_channel_ready"}
+    assert series == {(("channel", c), ("queue", q)) for q, c, _, _ in top}
+    for queue, channel, ready, in_flight in top:
+        labels = (("channel", channel), ("queue", queue))
+        assert found[("fairq_channel_ready", labels)] == ready
+        assert found[("fairq_channel_in_flight", labels)] == in_flight
+    assert found[("fairq_queue_oldest_ready_age_seconds", (("queue", "default"),))] > 0
+    # The counters follow what is settled after the dashboard started.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET fairq.history = on")
+        conn.execute("SELECT fairq.message_complete(id, num_attempts)"
+                     " FROM fairq.message_dequeue(60000, 2, 'emails')")
+    client.token()  # any page; then an action samples at once:
+    client.post("resume-queue", {"queue": "emails", "csrf_token": client.token()})
+    found = metrics(client.get("/metrics"))
+    expected = expected_queue_metrics(dsn)
+    assert {k: found.get(k) for k in expected} == expected
+
+
+def test_metrics_once_prints_the_same(dsn: str, scene: Scene) -> None:
+    out = subprocess.run([sys.executable, "-m", "fairq", "metrics", "--once", "--dsn", dsn,
+                          "--top-channels", "2"], capture_output=True, text=True, check=True)
+    found = metrics(out.stdout)
+    expected = expected_queue_metrics(dsn)
+    assert {k: found.get(k) for k in expected} == expected
+    assert len({labels for name, labels in found if name == "fairq_channel_size"}) == 2
+
+
+def test_fairq_dashboard_serves_until_stopped(dsn: str, scene: Scene) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fairq", "dashboard", "--dsn", dsn, "--port", "0",
+         "--read-only"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        match = re.search(r"on (http://127\.0\.0\.1:\d+/) \(role postgres, read-only", line)
+        assert match, line
+        page = Client(match.group(1), Csrf()).get("/")
+        assert 'data-queue="emails"' in page
+    finally:
+        process.send_signal(signal.SIGTERM)
+        # uvicorn shuts down gracefully, then re-raises the signal: exit status -15.
+        code = process.wait(60)
+        errors = process.stderr.read() if process.stderr else ""
+    assert code in (0, -signal.SIGTERM) and "Traceback" not in errors, errors
+
+
+def test_a_wrong_database_fails_at_start(dsn: str) -> None:
+    missing = psycopg.conninfo.make_conninfo(dsn, dbname="no_such_database")
+    out = subprocess.run([sys.executable, "-m", "fairq", "dashboard", "--dsn", missing,
+                          "--port", "0"], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert 'database "no_such_database" does not exist' in out.stderr
+
+
+def test_the_cli_hands_both_commands_their_command_line() -> None:
+    for command in ("dashboard", "metrics"):
+        out = subprocess.run([sys.executable, "-m", "fairq", command, "--help"],
+                             capture_output=True, text=True, check=True)
+        assert out.stdout.startswith(f"usage: fairq {command}"), out.stdout
+
+
+def test_fairq_metrics_serves_alone(dsn: str, scene: Scene) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fairq", "metrics", "--dsn", dsn, "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        match = re.search(r"on (http://127\.0\.0\.1:\d+)/metrics", line)
+        assert match, line
+        found = metrics(Client(match.group(1), Csrf()).get("/metrics"))
+        expected = expected_queue_metrics(dsn)
+        assert {k: found.get(k) for k in expected} == expected
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(60)
+    assert code == 0, process.stderr.read() if process.stderr else ""
