@@ -49,20 +49,21 @@ $$;
 -- producer mid-insert means "keep it due now", and one that committed just before
 -- the lock is seen by the second look. That look sees every committed message, so
 -- the channel's queued wakes are spent: they are dropped (the caller holds the row,
--- as fairq.apply_wakes would).
-CREATE FUNCTION fairq.settled_due_at(p_channel fairq.channel, p_now timestamptz)
+-- as fairq.join_rotation would).
+CREATE FUNCTION fairq.settled_due_at(p_channel_id bigint, p_queue_id integer, p_name text,
+                                     p_now timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_due_at timestamptz := (SELECT p.due_at FROM fairq.pending_due_at(p_channel.id) AS p);
+    v_due_at timestamptz := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
 BEGIN
     IF v_due_at IS NULL OR v_due_at > p_now THEN
-        IF NOT fairq.channel_quiet(p_channel.queue_id, p_channel.name) THEN
+        IF NOT fairq.channel_quiet(p_queue_id, p_name) THEN
             RETURN p_now;
         END IF;
-        v_due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel.id) AS p);
-        DELETE FROM fairq.channel_wake w WHERE w.channel_id = p_channel.id;
+        v_due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
+        DELETE FROM fairq.channel_wake w WHERE w.channel_id = p_channel_id;
     END IF;
     RETURN v_due_at;
 END
@@ -162,7 +163,7 @@ $$;
 -- the channels among p_channel_ids (each with the earliest due time its new messages
 -- need) whose turn those messages must bring forward (fairq.needs_wake). Their wakes
 -- are queued in fairq.channel_wake, committed with the messages, and the next
--- dequeues apply them (fairq.apply_wakes) with the turn_seq given here, in id order.
+-- dequeues apply them (fairq.join_rotation) with the turn_seq given here, in id order.
 -- A producer never locks a channel row: one that did, for a wake, kept it until
 -- commit, so an open producer transaction hid the channel's other messages from
 -- workers and made its completions wait. Returns the channels woken.
@@ -193,19 +194,22 @@ BEGIN
 END
 $$;
 
--- Applies the queued wakes (fairq.channels_wake) of channels whose rows the caller
--- holds, as if each had been applied when it was queued, in order, as of its
--- woken_at (channel_store keeping an earlier turn): the channel's due_at moves to the
--- earliest wake's; its turn becomes the earliest any wake gives (a time: the dequeue
--- then puts it into the rotation), with the turn_seq of the first wake that gave it. Every caller that locks a channel row to change its
--- turn folds its wakes in first (fairq.channel_lock, the dequeue's pick, recovery,
--- completions), so a wake never acts after a later change. Only the holder of a
--- channel's row takes its wakes; a wake committed after this statement's snapshot
--- waits for a later one.
-CREATE FUNCTION fairq.fold_wakes(p_channel_ids bigint[]) RETURNS void
+-- Takes (deletes) the queued wakes (fairq.channels_wake) of channels whose rows the
+-- caller holds, and returns what they make of each channel, as if each had been
+-- applied when it was queued, in order, as of its woken_at (the keep-turn rule):
+-- its due_at moves to the earliest wake's; its turn becomes the earliest any wake
+-- gives (a time: a dequeue then puts it into the rotation) or stays the earlier one
+-- it had, with the turn_seq of the first wake that gave it. Every caller that locks
+-- a channel row to change its turn takes its wakes first (fairq.fold_wakes,
+-- fairq.join_rotation), so a wake never acts after a later change. A wake committed
+-- after this statement's snapshot waits for a later caller.
+CREATE FUNCTION fairq.taken_wakes(p_channel_ids bigint[])
+RETURNS TABLE(channel_id bigint, due_at timestamptz, turn_at timestamptz, turn_seq bigint)
 LANGUAGE plpgsql
 AS $$
+#variable_conflict use_column
 BEGIN
+    RETURN QUERY
     WITH taken AS (
         DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_channel_ids)
         RETURNING w.channel_id, w.due_at, w.woken_at, w.turn_seq
@@ -225,39 +229,50 @@ BEGIN
           FROM folded f
          ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
     )
-    UPDATE fairq.channel c
-       SET due_at = b.due_at,
-           idle_since = NULL,  -- a wake always brings a due time
-           turn_at = LEAST(c.turn_at, b.turn_at),  -- the keep-turn rule (turns.sql)
-           turn_pass = fairq.kept_place(c.turn_at, LEAST(c.turn_at, b.turn_at), c.turn_pass),
-           turn_given_at = fairq.kept_place(c.turn_at, LEAST(c.turn_at, b.turn_at), c.turn_given_at),
-           turn_seq = fairq.kept_turn_seq(c.turn_at, LEAST(c.turn_at, b.turn_at), c.turn_seq, b.turn_seq)
+    SELECT b.channel_id, b.due_at, LEAST(c.turn_at, b.turn_at),
+           fairq.kept_turn_seq(c.turn_at, LEAST(c.turn_at, b.turn_at), c.turn_seq, b.turn_seq)
       FROM best b
-     WHERE c.id = ANY (p_channel_ids) AND c.id = b.channel_id;
+      JOIN fairq.channel c ON c.id = b.channel_id
+     WHERE c.id = ANY (p_channel_ids);
 END
 $$;
 
--- For a dequeue of queue p_queue_id, before it picks: fold in the queue's queued
--- wakes, looking at the p_limit + 32
--- wakes whose turns come first (by due and woken time: an index range, so a burst of
--- wakes costs each dequeue no more). Of their channels it takes the p_limit that
--- these wakes make eligible earliest, so the pick sees every channel whose turn is
--- among the next p_limit (they then join the rotation where their wakes' times
--- place them: fairq.join_rotation), and those that stay ineligible (at
+-- Writes the queued wakes of channels whose rows the caller holds into those rows
+-- (fairq.taken_wakes): a channel in the rotation keeps its place there.
+CREATE FUNCTION fairq.fold_wakes(p_channel_ids bigint[]) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE fairq.channel c
+       SET due_at = w.due_at,
+           idle_since = NULL,  -- a wake always brings a due time
+           turn_at = w.turn_at,
+           turn_pass = fairq.kept_place(c.turn_at, w.turn_at, c.turn_pass),
+           turn_given_at = fairq.kept_place(c.turn_at, w.turn_at, c.turn_given_at),
+           turn_seq = w.turn_seq
+      FROM fairq.taken_wakes(p_channel_ids) w
+     WHERE c.id = ANY (p_channel_ids) AND c.id = w.channel_id;
+END
+$$;
+
+-- For a dequeue of queue p_queue_id, before it picks (fairq.join_rotation): the
+-- channels whose queued wakes it takes, their rows locked. It looks at the
+-- p_limit + 32 wakes whose turns come first (by due and woken time: an index range,
+-- so a burst of wakes costs each dequeue no more). Of their channels it takes the
+-- p_limit that these wakes make eligible earliest, so the pick sees every channel
+-- whose turn is among the next p_limit, and those that stay ineligible (at
 -- max_concurrency, rate-limited or paused past now), which no dequeue could serve
 -- now anyway; other wakes wait, so a dequeue holds no more servable channel rows
--- than it may serve. Rows held by
--- others are skipped. A rate-limited channel's wake can make it eligible later than
--- its place in the window says: then a channel woken just after the window may take
--- its turn one dequeue late. True if it applied any (the caller then holds those
--- rows).
-CREATE FUNCTION fairq.apply_wakes(p_queue_id integer, p_now timestamptz, p_limit integer) RETURNS boolean
+-- than it may serve. Rows held by others are skipped. A rate-limited channel's wake
+-- can make it eligible later than its place in the window says: then a channel
+-- woken just after the window may take its turn one dequeue late.
+CREATE FUNCTION fairq.woken_to_take(p_queue_id integer, p_now timestamptz, p_limit integer)
+RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_eligible bigint[];    -- channels the window's wakes make eligible, earliest turn first
     v_ineligible bigint[];  -- the others: at max_concurrency, or rate-limited past now
-    v_taken bigint[];
 BEGIN
     SELECT coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
                         FILTER (WHERE t.turn_at <= p_now), '{}'),
@@ -276,20 +291,15 @@ BEGIN
                    OFFSET 0) k  -- one lookup by id per wake
              GROUP BY w.channel_id) t;
     -- The first p_limit eligible channels that are free, then every free ineligible one.
-    v_taken := ARRAY(SELECT c.id
-                       FROM unnest(v_eligible) WITH ORDINALITY AS e(id, pos)
-                       JOIN fairq.channel c ON c.id = e.id
-                      ORDER BY e.pos
-                      LIMIT p_limit
-                        FOR NO KEY UPDATE OF c SKIP LOCKED)
-            || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
-                      ORDER BY c.id
-                        FOR NO KEY UPDATE SKIP LOCKED);
-    IF cardinality(v_taken) = 0 THEN
-        RETURN false;
-    END IF;
-    PERFORM fairq.fold_wakes(v_taken);
-    RETURN true;
+    RETURN ARRAY(SELECT c.id
+                   FROM unnest(v_eligible) WITH ORDINALITY AS e(id, pos)
+                   JOIN fairq.channel c ON c.id = e.id
+                  ORDER BY e.pos
+                  LIMIT p_limit
+                    FOR NO KEY UPDATE OF c SKIP LOCKED)
+        || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
+                  ORDER BY c.id
+                    FOR NO KEY UPDATE SKIP LOCKED);
 END
 $$;
 
@@ -316,7 +326,7 @@ AS $$
 DECLARE
     v_channel fairq.channel := fairq.channel_lock(p_channel_id);
 BEGIN
-    v_channel.due_at := fairq.settled_due_at(v_channel, p_now);
+    v_channel.due_at := fairq.settled_due_at(v_channel.id, v_channel.queue_id, v_channel.name, p_now);
     PERFORM fairq.channel_store(v_channel, p_now, false, p_turn_seq);
 END
 $$;

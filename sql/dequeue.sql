@@ -4,19 +4,17 @@
 -- other queues' messages and channels cost it nothing. *When* a channel may be
 -- served and *in what order* channels are served are kept apart: the rules of
 -- turns, the rotation and weights are in turns.sql. One call, in order:
---   0. Apply the channel wakes producers queued (fairq.apply_wakes) that make their
---      channels eligible now, earliest first, for as many channels as messages are
---      wanted: an idle channel that got a message waits to join the rotation from
---      the time its producer gave it.
 --   1. Recover expired locks (oldest first, at most p_max_messages per call): each
 --      message goes back to 'ready' in its channel, frees its concurrency slot and
 --      waits for the channel's next turn like any other message — a crash never lets
 --      one tenant's recovered work jump the round-robin. (Past max_attempts it is
 --      buried instead.) Then, if the queue is paused, the call hands out nothing.
---   2. Channels whose wait is over join the rotation at its back, earliest first
---      (fairq.join_rotation). Then take the channels first in the rotation (by pass),
---      as many as messages are still wanted: one scan of channel_turn_ix (queue_id,
---      turn_at, turn_pass, turn_seq). Channels at max_concurrency, rate-limited,
+--   2. Channels whose wait is over join the rotation, earliest first, as many as
+--      messages are wanted (fairq.join_rotation): among them the idle channels that
+--      producers woke (their queued wakes are applied in the same write), each
+--      placed as if it had joined when its producer gave it its turn. Then take the
+--      channels first in the rotation (by pass), as many as messages are still
+--      wanted: one scan of channel_turn_ix (queue_id, turn_at, turn_pass, turn_seq). Channels at max_concurrency, rate-limited,
 --      paused or with nothing due are not in the rotation, so they cost nothing.
 --      SKIP LOCKED spreads concurrent dequeues over channels. A pick that finds
 --      nothing reads the clock again and picks once more: a call that started later
@@ -230,14 +228,16 @@ DECLARE
     v_queue fairq.queue;
     v_wait_until timestamptz;
     v_picked bigint[];
+    v_picked_names text[];
     v_turn_ats timestamptz[];
     v_passes bigint[];
     v_weights integer[];
     v_ids bigint[];
     v_served bigint[];
+    v_served_names text[];
+    v_due_ats timestamptz[];  -- of the served channels: when their next pending message is due
     v_visited bigint[] := '{}';
     v_turn_seqs bigint[];
-    v_drained fairq.channel;
     v_pos integer;
     v_count integer := 0;
     v_holds_locks boolean := false;
@@ -249,10 +249,6 @@ BEGIN
     SELECT * INTO v_queue FROM fairq.queue q WHERE q.name = fairq.require_channel_name(p_queue, 'p_queue');
     IF v_queue.id IS NULL THEN
         RETURN;  -- nobody has named this queue yet: nothing in it
-    END IF;
-    -- Step 0, before the pick, so woken channels take the turns their producers gave.
-    IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = v_queue.id) THEN
-        v_holds_locks := fairq.apply_wakes(v_queue.id, v_now, p_max_messages);
     END IF;
     -- Step 1, when the earliest lock has expired (one probe of message_locked_ix).
     IF (SELECT m.id FROM fairq.message m
@@ -269,13 +265,14 @@ BEGIN
     WHILE v_count < p_max_messages LOOP
         -- Step 2.
         SELECT coalesce(array_agg(p.id ORDER BY p.turn_at, p.turn_pass, p.turn_seq), '{}'),
+               coalesce(array_agg(p.name ORDER BY p.turn_at, p.turn_pass, p.turn_seq), '{}'),
                coalesce(bool_or(p.max_attempts IS NOT NULL), false),
                -- Only different weights, or a channel still waiting to join, can end a
                -- round early (fairq.round_length).
                count(*) > 1 AND (bool_or(p.turn_at <> fairq.in_rotation())
                                  OR min(p.weight) <> max(p.weight))
-          INTO v_picked, v_attempts_capped, v_uneven
-          FROM (SELECT c.id, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts
+          INTO v_picked, v_picked_names, v_attempts_capped, v_uneven
+          FROM (SELECT c.id, c.name, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts
                   FROM fairq.channel c
                  WHERE c.queue_id = v_queue.id AND c.turn_at <= v_now AND c.id <> ALL (v_visited)
                  ORDER BY c.turn_at, c.turn_pass, c.turn_seq
@@ -303,9 +300,7 @@ BEGIN
             EXIT WHEN NOT fairq.wait_for_release(v_queue.id, v_wait_until);
             -- The call we waited for may have applied a wake, or left one free to apply,
             -- and gave its channel a turn at its own clock.
-            IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = v_queue.id) THEN
-                v_holds_locks := fairq.apply_wakes(v_queue.id, fairq.clock(), p_max_messages - v_count);
-            END IF;
+            v_holds_locks := fairq.join_rotation(v_queue.id, fairq.clock(), p_max_messages - v_count);
             v_clock_fresh := false;
             CONTINUE;
         END IF;
@@ -320,7 +315,9 @@ BEGIN
               FROM unnest(v_picked) WITH ORDINALITY AS p(id, pos)
              CROSS JOIN LATERAL (SELECT k.turn_at, k.turn_pass, k.weight FROM fairq.channel k
                                   WHERE k.id = p.id OFFSET 0) c;
-            v_picked := v_picked[1 : fairq.round_length(v_turn_ats, v_passes, v_weights)];
+            v_pos := fairq.round_length(v_turn_ats, v_passes, v_weights);
+            v_picked := v_picked[1 : v_pos];
+            v_picked_names := v_picked_names[1 : v_pos];
         END IF;
         -- Wakes still queued for the picked channels happened before this serve.
         IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_picked)) THEN
@@ -340,9 +337,10 @@ BEGIN
             PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
         END IF;
         SELECT coalesce(array_agg(h.id ORDER BY p.pos), '{}'),
-               coalesce(array_agg(p.channel_id ORDER BY p.pos), '{}')
-          INTO v_ids, v_served
-          FROM unnest(v_picked) WITH ORDINALITY AS p(channel_id, pos)
+               coalesce(array_agg(p.channel_id ORDER BY p.pos), '{}'),
+               coalesce(array_agg(p.name ORDER BY p.pos), '{}')
+          INTO v_ids, v_served, v_served_names
+          FROM unnest(v_picked, v_picked_names) WITH ORDINALITY AS p(channel_id, name, pos)
          CROSS JOIN LATERAL (
                SELECT m.id FROM fairq.message m
                 WHERE m.channel_id = p.channel_id AND m.status = 'ready'
@@ -359,16 +357,24 @@ BEGIN
                  WHERE m.id = ANY (v_ids)
                 RETURNING m.*
             )
-            SELECT l.id, c.name, l.content, l.state, l.num_attempts, l.priority, l.dequeue_at,
-                   l.recovered
+            SELECT l.id, v_served_names[array_position(v_served, l.channel_id)], l.content, l.state,
+                   l.num_attempts, l.priority, l.dequeue_at, l.recovered
               FROM locked l
-              JOIN fairq.channel c ON c.id = l.channel_id
-             WHERE c.id = ANY (v_served)
              ORDER BY array_position(v_ids, l.id);
 
-        -- Step 4, for the served channels at once (turns.sql: fairq.served_turn_at).
-        FOR v_drained IN
-            UPDATE fairq.channel c
+        -- Step 4. A served channel with nothing more due now is looked at again under
+        -- its producer lock before it goes idle or waits (fairq.settled_due_at).
+        v_due_ats := ARRAY(SELECT p.due_at
+                             FROM unnest(v_served) WITH ORDINALITY AS s(channel_id, pos)
+                            CROSS JOIN LATERAL fairq.pending_due_at(s.channel_id) p
+                            ORDER BY s.pos);
+        FOR v_pos IN 1 .. cardinality(v_served) LOOP
+            CONTINUE WHEN v_due_ats[v_pos] <= v_now;
+            v_due_ats[v_pos] := fairq.settled_due_at(v_served[v_pos], v_queue.id,
+                                                     v_served_names[v_pos], v_now);
+        END LOOP;
+        -- Then every served channel is written once (turns.sql: fairq.served_turn_at).
+        UPDATE fairq.channel c
                SET in_flight = c.in_flight + fairq.slots(c.max_concurrency, 1),
                    last_release_at = v_now,
                    due_at = n.due_at,
@@ -380,31 +386,20 @@ BEGIN
                                                   v_turn_seqs[array_position(v_picked, c.id)])
               FROM (SELECT x.channel_id, x.due_at,
                            fairq.served_turn_at(x.turn_at, x.next_turn, v_now) AS turn_at
-                      FROM (SELECT s.channel_id, p.due_at, k.turn_at,
-                                   fairq.next_turn(NULL, p.due_at, v_now, k.release_interval_ms,
+                      FROM (SELECT s.channel_id, s.due_at, k.turn_at,
+                                   fairq.next_turn(NULL, s.due_at, v_now, k.release_interval_ms,
                                                    k.in_flight + 1, k.max_concurrency,
                                                    k.paused_until, v_now) AS next_turn
-                              FROM unnest(v_served) AS s(channel_id)
+                              FROM unnest(v_served, v_due_ats) AS s(channel_id, due_at)
                              CROSS JOIN LATERAL (SELECT k.* FROM fairq.channel k
                                                   WHERE k.id = s.channel_id OFFSET 0) k
-                             CROSS JOIN LATERAL (SELECT p.due_at FROM fairq.pending_due_at(s.channel_id) p
-                                                 OFFSET 0) p
                             OFFSET 0) x
                     OFFSET 0) n
                -- (Every OFFSET 0 keeps its subquery apart: the channels are looked up one
-               -- by one, by id; the pending due time is read once; and next_turn and
-               -- served_turn_at get plain columns, since a SQL function is inlined only
-               -- when an argument it reads twice is cheap: planned again at every row,
-               -- they made this statement five times slower.)
-             WHERE c.id = ANY (v_served) AND c.id = n.channel_id
-            RETURNING c.*
-        LOOP
-            -- A served channel with nothing more due now: look again under the
-            -- producer lock before it goes idle or waits (see fairq.settled_due_at).
-            CONTINUE WHEN v_drained.due_at <= v_now;
-            v_drained.due_at := fairq.settled_due_at(v_drained, v_now);
-            PERFORM fairq.channel_store(v_drained, v_now, false, v_drained.turn_seq);
-        END LOOP;
+               -- by one, by id; and next_turn and served_turn_at get plain columns, since
+               -- a SQL function is inlined only when an argument it reads twice is cheap:
+               -- planned again at every row, they made this statement five times slower.)
+             WHERE c.id = ANY (v_served) AND c.id = n.channel_id;
         -- Picked channels that had nothing to hand out, in pick order.
         FOR v_pos IN 1 .. cardinality(v_picked) LOOP
             CONTINUE WHEN v_picked[v_pos] = ANY (v_served);

@@ -295,7 +295,7 @@ BEGIN
     -- Only then is the row locked.
     IF NOT EXISTS (SELECT 1 FROM fairq.pending_due_at(v_channel.id) AS p WHERE p.due_at IS NOT NULL) THEN
         v_channel := fairq.channel_lock(v_channel.id);
-        v_channel.due_at := fairq.settled_due_at(v_channel, v_now);
+        v_channel.due_at := fairq.settled_due_at(v_channel.id, v_channel.queue_id, v_channel.name, v_now);
         PERFORM fairq.channel_store(v_channel, v_now, false);
     END IF;
     RETURN 'cancelled';

@@ -95,7 +95,7 @@ INSERT INTO fairq.channel_collection DEFAULT VALUES;
 -- Wakes of idle channels, queued by producers (fairq.channels_wake), who never lock
 -- a channel row: the channel's turn is due no later than due_at, from woken_at, with
 -- turn_seq. Committed with the producer's messages and applied, then deleted, by the
--- next dequeues (fairq.apply_wakes, earliest turn first).
+-- next dequeues (fairq.join_rotation, earliest turn first).
 CREATE TABLE fairq.channel_wake (
     channel_id bigint      NOT NULL,
     due_at     timestamptz NOT NULL,

@@ -146,51 +146,83 @@ END
 $$;
 
 -- For a dequeue of queue p_queue_id, before it picks: the channels whose wait is over
--- (turn_at <= p_now), earliest first and at most p_limit, join the rotation, each
--- just ahead of the first channel given its place after its wait ended (its pass
--- less one), or else at the back (one past the highest pass), whatever its weight:
--- the weight counts from its first turn on. Taking the earliest first makes that exact for whoever picks next: a
--- channel left waiting belongs behind every channel joined now. Rows other calls
--- hold are skipped (their holders will give them their turns). The caller then
--- holds these rows. True if any joined.
+-- (turn_at <= p_now, or made so by the wakes producers queued: fairq.woken_to_take),
+-- earliest first and at most p_limit, join the rotation, each just ahead of the
+-- first channel given its place after its wait ended (its pass less one), or else at
+-- the back (one past the highest pass), whatever its weight: the weight counts from
+-- its first turn on. Taking the earliest first makes that exact for whoever picks
+-- next: a channel left waiting belongs behind every channel joined now. A woken
+-- channel is written once, its wakes and its place together (the wakes of channels
+-- that do not join are folded into their turns). Rows other calls hold are skipped
+-- (their holders will give them their turns). The caller then holds these rows.
+-- True if it took any.
 CREATE FUNCTION fairq.join_rotation(p_queue_id integer, p_now timestamptz, p_limit integer)
 RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_joining bigint[];
+    v_woken bigint[] := '{}';
+    v_waiting bigint[];
     v_back_pass bigint;
 BEGIN
-    v_joining := ARRAY(SELECT c.id FROM fairq.channel c
+    IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = p_queue_id) THEN
+        v_woken := fairq.woken_to_take(p_queue_id, p_now, p_limit);
+    END IF;
+    -- (Rows this call holds already are not skipped: a woken channel may be here too.)
+    v_waiting := ARRAY(SELECT c.id FROM fairq.channel c
                         WHERE c.queue_id = p_queue_id
                           AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
                         ORDER BY c.turn_at, c.turn_pass, c.turn_seq
                         LIMIT p_limit
                           FOR NO KEY UPDATE SKIP LOCKED);
-    IF cardinality(v_joining) = 0 THEN
+    IF cardinality(v_woken) = 0 AND cardinality(v_waiting) = 0 THEN
         RETURN false;
     END IF;
     -- An empty rotation starts anywhere: passes are only compared within it.
     v_back_pass := coalesce((SELECT c.turn_pass FROM fairq.channel c
                               WHERE c.queue_id = p_queue_id AND c.turn_at = fairq.in_rotation()
                               ORDER BY c.turn_pass DESC LIMIT 1), 0);
+    WITH woken AS MATERIALIZED (
+        SELECT * FROM fairq.taken_wakes(v_woken)
+    ), held AS (  -- each channel taken, as its wakes leave it
+        SELECT c.id, w.channel_id IS NOT NULL AS woken, coalesce(w.due_at, c.due_at) AS due_at,
+               CASE WHEN w.channel_id IS NULL THEN c.turn_at ELSE w.turn_at END AS turn_at,
+               CASE WHEN w.channel_id IS NULL THEN c.turn_seq ELSE w.turn_seq END AS turn_seq,
+               CASE WHEN w.channel_id IS NULL THEN c.turn_pass
+                    ELSE fairq.kept_place(c.turn_at, w.turn_at, c.turn_pass) END AS turn_pass,
+               CASE WHEN w.channel_id IS NULL THEN c.turn_given_at
+                    ELSE fairq.kept_place(c.turn_at, w.turn_at, c.turn_given_at) END AS turn_given_at
+          FROM fairq.channel c
+          LEFT JOIN woken w ON w.channel_id = c.id
+         WHERE c.id = ANY (v_woken || v_waiting)
+    ), joining AS (
+        SELECT p.*, count(*) FILTER (WHERE p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
+          FROM (SELECT j.id, j.pos, j.turn_at, nextval('fairq.turn_seq') AS turn_seq,
+                       (SELECT r.turn_pass FROM fairq.channel r
+                         WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
+                           AND r.turn_given_at > j.turn_at
+                         ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) AS next_pass
+                  FROM (SELECT h.id, h.turn_at,
+                               row_number() OVER (ORDER BY h.turn_at, h.turn_pass, h.turn_seq) AS pos
+                          FROM held h
+                         WHERE h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
+                         ORDER BY h.turn_at, h.turn_pass, h.turn_seq
+                         LIMIT p_limit) j
+                 ORDER BY j.pos
+                OFFSET 0) p
+    )
     UPDATE fairq.channel c
-       SET turn_at = fairq.in_rotation(),
-           turn_pass = coalesce(j.next_pass - 1, v_back_pass + j.back_rank),
-           turn_given_at = c.turn_at,
-           turn_seq = j.turn_seq
-      FROM (SELECT p.*, count(*) FILTER (WHERE p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
-              FROM (SELECT u.id, u.pos, nextval('fairq.turn_seq') AS turn_seq,
-                           (SELECT r.turn_pass FROM fairq.channel r
-                             WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
-                               AND r.turn_given_at > k.turn_at
-                             ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) AS next_pass
-                      FROM unnest(v_joining) WITH ORDINALITY AS u(id, pos)
-                     CROSS JOIN LATERAL (SELECT k.turn_at FROM fairq.channel k  -- by id, one by one
-                                          WHERE k.id = u.id OFFSET 0) k
-                     ORDER BY u.pos
-                    OFFSET 0) p) j
-     WHERE c.id = ANY (v_joining) AND c.id = j.id;
+       SET due_at = h.due_at,
+           idle_since = CASE WHEN NOT h.woken THEN c.idle_since END,  -- a wake brings a due time
+           turn_at = CASE WHEN j.id IS NULL THEN h.turn_at ELSE fairq.in_rotation() END,
+           turn_pass = CASE WHEN j.id IS NULL THEN h.turn_pass
+                            ELSE coalesce(j.next_pass - 1, v_back_pass + j.back_rank) END,
+           turn_given_at = CASE WHEN j.id IS NULL THEN h.turn_given_at ELSE j.turn_at END,
+           turn_seq = coalesce(j.turn_seq, h.turn_seq)
+      FROM held h
+      LEFT JOIN joining j ON j.id = h.id
+     WHERE c.id = ANY (v_woken || v_waiting) AND c.id = h.id
+       AND (h.woken OR j.id IS NOT NULL);
     RETURN true;
 END
 $$;

@@ -191,3 +191,36 @@ def test_a_small_queue_beside_a_deep_one_reads_only_its_own_rows(loaded: Conn) -
     assert read, "\n\n".join(plans)
     assert max(n for _, n in read) <= 3, [x for x in read if x[1] > 3]
     assert dequeue(loaded, n=10, queue="small") == []  # all three were handed out above
+
+
+def channel_updates(conn: Conn) -> int:
+    """How many channel row versions updates have written in this database so far:
+    the session's pending statistics are flushed first (PostgreSQL 15 and later flush
+    them when the session goes idle, at most once a second unless forced)."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    row = conn.execute("SELECT n_tup_upd FROM pg_stat_user_tables"
+                       " WHERE relid = 'fairq.channel'::regclass").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("per_call", [1, 10])
+def test_a_sparse_tenants_channel_is_written_twice_per_message(conn: Conn, per_call: int) -> None:
+    """The realistic load is many tenants with a message now and then: each message
+    finds its channel idle, its producer queues a wake, and a dequeue applies the wake,
+    puts the channel into the rotation, serves it, and lets it go idle. Every channel
+    row version is an update of each channel index, so the dequeue writes the row
+    twice, no more: once to apply the wake and place the channel in the rotation,
+    once to serve it and settle its next turn (0.7.0 wrote it four times)."""
+    for i in range(10):
+        create(conn, f"tenant-{i}")
+    while got := dequeue(conn, n=10):  # drained: every channel idle
+        for d in got:
+            call(conn, "message_complete", d.id, d.num_attempts)
+    for i in range(10):
+        create(conn, f"tenant-{i}")
+    assert conn.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (10,)
+    conn.execute("SET stats_fetch_consistency = none")
+    before = channel_updates(conn)
+    served = sum(len(dequeue(conn, n=per_call)) for _ in range(10 // per_call))
+    assert (served, channel_updates(conn) - before) == (10, 20)
