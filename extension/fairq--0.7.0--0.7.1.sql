@@ -13,7 +13,6 @@ AS $$
 DECLARE
     v_woken bigint[] := '{}';
     v_waiting bigint[];
-    v_back_pass bigint;
 BEGIN
     IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = p_queue_id) THEN
         v_woken := fairq.woken_to_take(p_queue_id, p_now, p_limit);
@@ -28,30 +27,57 @@ BEGIN
     IF cardinality(v_woken) = 0 AND cardinality(v_waiting) = 0 THEN
         RETURN false;
     END IF;
-    -- An empty rotation starts anywhere: passes are only compared within it.
-    v_back_pass := coalesce((SELECT c.turn_pass FROM fairq.channel c
-                              WHERE c.queue_id = p_queue_id AND c.turn_at = fairq.in_rotation()
-                              ORDER BY c.turn_pass DESC LIMIT 1), 0);
-    WITH woken AS MATERIALIZED (
-        SELECT * FROM fairq.taken_wakes(v_woken)
-    ), held AS (  -- each channel taken, as its wakes leave it
+    PERFORM fairq.channels_join(v_woken, v_waiting, p_queue_id, p_now, p_limit);
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fairq.channels_join(p_woken bigint[], p_waiting bigint[], p_queue_id integer,
+                                    p_now timestamptz, p_limit integer)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    WITH taken AS (
+        DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_woken)
+        RETURNING w.channel_id, w.due_at, w.woken_at, w.turn_seq
+    ), folded AS (  -- each wake's turn, applied after the ones queued before it
+        SELECT t.channel_id, t.turn_seq, f.due_at,
+               fairq.next_turn(NULL, f.due_at, c.last_release_at, c.release_interval_ms,
+                               c.in_flight, c.max_concurrency, c.paused_until, t.woken_at) AS turn_at
+          FROM taken t
+          JOIN fairq.channel c ON c.id = t.channel_id
+         CROSS JOIN LATERAL (SELECT LEAST(c.due_at, min(t2.due_at)) AS due_at
+                               FROM taken t2
+                              WHERE t2.channel_id = t.channel_id AND t2.turn_seq <= t.turn_seq) f
+         WHERE c.id = ANY (p_woken)
+    ), woken AS (  -- per channel: the earliest turn, the earliest due time
+        SELECT DISTINCT ON (f.channel_id) f.channel_id, f.turn_at, f.turn_seq,
+               min(f.due_at) OVER (PARTITION BY f.channel_id) AS due_at
+          FROM folded f
+         ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
+    ), held AS (  -- each channel, as its wakes leave it
         SELECT c.id, w.channel_id IS NOT NULL AS woken, coalesce(w.due_at, c.due_at) AS due_at,
-               CASE WHEN w.channel_id IS NULL THEN c.turn_at ELSE w.turn_at END AS turn_at,
-               CASE WHEN w.channel_id IS NULL THEN c.turn_seq ELSE w.turn_seq END AS turn_seq,
-               CASE WHEN w.channel_id IS NULL THEN c.turn_pass
-                    ELSE fairq.kept_place(c.turn_at, w.turn_at, c.turn_pass) END AS turn_pass,
-               CASE WHEN w.channel_id IS NULL THEN c.turn_given_at
-                    ELSE fairq.kept_place(c.turn_at, w.turn_at, c.turn_given_at) END AS turn_given_at
+               n.turn_at,
+               fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq) AS turn_seq,
+               fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass) AS turn_pass,
+               fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at) AS turn_given_at
           FROM fairq.channel c
           LEFT JOIN woken w ON w.channel_id = c.id
-         WHERE c.id = ANY (v_woken || v_waiting)
+         CROSS JOIN LATERAL (SELECT LEAST(c.turn_at, w.turn_at) AS turn_at) n
+         WHERE c.id = ANY (p_woken || p_waiting)
     ), joining AS (
         SELECT p.*, count(*) FILTER (WHERE p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
           FROM (SELECT j.id, j.pos, j.turn_at, nextval('fairq.turn_seq') AS turn_seq,
-                       (SELECT r.turn_pass FROM fairq.channel r
-                         WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
-                           AND r.turn_given_at > j.turn_at
-                         ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) AS next_pass
+                       -- (Looked up only when some place was given later than its turn:
+                       -- the latest given is one read, once.)
+                       CASE WHEN j.turn_at < (SELECT max(r.turn_given_at) FROM fairq.channel r
+                                               WHERE r.queue_id = p_queue_id
+                                                 AND r.turn_at = fairq.in_rotation())
+                            THEN (SELECT r.turn_pass FROM fairq.channel r
+                                   WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
+                                     AND r.turn_given_at > j.turn_at
+                                   ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) END AS next_pass
                   FROM (SELECT h.id, h.turn_at,
                                row_number() OVER (ORDER BY h.turn_at, h.turn_pass, h.turn_seq) AS pos
                           FROM held h
@@ -66,16 +92,23 @@ BEGIN
            idle_since = CASE WHEN NOT h.woken THEN c.idle_since END,  -- a wake brings a due time
            turn_at = CASE WHEN j.id IS NULL THEN h.turn_at ELSE fairq.in_rotation() END,
            turn_pass = CASE WHEN j.id IS NULL THEN h.turn_pass
-                            ELSE coalesce(j.next_pass - 1, v_back_pass + j.back_rank) END,
+                            -- (An empty rotation starts anywhere: passes are only
+                            -- compared within it.)
+                            ELSE coalesce(j.next_pass - 1,
+                                          coalesce((SELECT r.turn_pass FROM fairq.channel r
+                                                     WHERE r.queue_id = p_queue_id
+                                                       AND r.turn_at = fairq.in_rotation()
+                                                     ORDER BY r.turn_pass DESC LIMIT 1), 0)
+                                          + j.back_rank) END,
            turn_given_at = CASE WHEN j.id IS NULL THEN h.turn_given_at ELSE j.turn_at END,
            turn_seq = coalesce(j.turn_seq, h.turn_seq)
       FROM held h
       LEFT JOIN joining j ON j.id = h.id
-     WHERE c.id = ANY (v_woken || v_waiting) AND c.id = h.id
+     WHERE c.id = ANY (p_woken || p_waiting) AND c.id = h.id
        AND (h.woken OR j.id IS NOT NULL);
-    RETURN true;
 END
 $$;
+REVOKE ALL ON FUNCTION fairq.channels_join(bigint[], bigint[], integer, timestamptz, integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fairq.settled_due_at(p_channel_id bigint, p_queue_id integer, p_name text,
                                      p_now timestamptz)
@@ -97,54 +130,11 @@ END
 $$;
 REVOKE ALL ON FUNCTION fairq.settled_due_at(bigint, integer, text, timestamptz) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION fairq.taken_wakes(p_channel_ids bigint[])
-RETURNS TABLE(channel_id bigint, due_at timestamptz, turn_at timestamptz, turn_seq bigint)
-LANGUAGE plpgsql
-AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH taken AS (
-        DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_channel_ids)
-        RETURNING w.channel_id, w.due_at, w.woken_at, w.turn_seq
-    ), folded AS (  -- each wake's turn, applied after the ones queued before it
-        SELECT t.channel_id, t.turn_seq, f.due_at,
-               fairq.next_turn(NULL, f.due_at, c.last_release_at, c.release_interval_ms,
-                               c.in_flight, c.max_concurrency, c.paused_until, t.woken_at) AS turn_at
-          FROM taken t
-          JOIN fairq.channel c ON c.id = t.channel_id
-         CROSS JOIN LATERAL (SELECT LEAST(c.due_at, min(t2.due_at)) AS due_at
-                               FROM taken t2
-                              WHERE t2.channel_id = t.channel_id AND t2.turn_seq <= t.turn_seq) f
-         WHERE c.id = ANY (p_channel_ids)
-    ), best AS (
-        SELECT DISTINCT ON (f.channel_id) f.channel_id, f.turn_at, f.turn_seq,
-               min(f.due_at) OVER (PARTITION BY f.channel_id) AS due_at
-          FROM folded f
-         ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
-    )
-    SELECT b.channel_id, b.due_at, LEAST(c.turn_at, b.turn_at),
-           fairq.kept_turn_seq(c.turn_at, LEAST(c.turn_at, b.turn_at), c.turn_seq, b.turn_seq)
-      FROM best b
-      JOIN fairq.channel c ON c.id = b.channel_id
-     WHERE c.id = ANY (p_channel_ids);
-END
-$$;
-REVOKE ALL ON FUNCTION fairq.taken_wakes(bigint[]) FROM PUBLIC;
-
 CREATE OR REPLACE FUNCTION fairq.fold_wakes(p_channel_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    UPDATE fairq.channel c
-       SET due_at = w.due_at,
-           idle_since = NULL,  -- a wake always brings a due time
-           turn_at = w.turn_at,
-           turn_pass = fairq.kept_place(c.turn_at, w.turn_at, c.turn_pass),
-           turn_given_at = fairq.kept_place(c.turn_at, w.turn_at, c.turn_given_at),
-           turn_seq = w.turn_seq
-      FROM fairq.taken_wakes(p_channel_ids) w
-     WHERE c.id = ANY (p_channel_ids) AND c.id = w.channel_id;
+    PERFORM fairq.channels_join(p_channel_ids, '{}', NULL, NULL, 0);
 END
 $$;
 
@@ -153,35 +143,49 @@ RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
+    v_window integer := p_limit;
+    v_read integer;         -- wakes read
+    v_on_time boolean;      -- every wake read gives its turn at its own time
     v_eligible bigint[];    -- channels the window's wakes make eligible, earliest turn first
     v_ineligible bigint[];  -- the others: at max_concurrency, or rate-limited past now
+    v_taken bigint[];
 BEGIN
-    SELECT coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
-                        FILTER (WHERE t.turn_at <= p_now), '{}'),
-           coalesce(array_agg(t.channel_id) FILTER (WHERE t.turn_at IS NULL OR t.turn_at > p_now), '{}')
-      INTO v_eligible, v_ineligible
-      FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq
-              FROM (SELECT * FROM fairq.channel_wake w
-                     WHERE w.queue_id = p_queue_id AND GREATEST(w.due_at, w.woken_at) <= p_now
-                     ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
-                     LIMIT p_limit + 32) w
-             CROSS JOIN LATERAL (
-                   SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
-                                          k.release_interval_ms, k.in_flight,
-                                          k.max_concurrency, k.paused_until, w.woken_at) AS turn_at
-                     FROM fairq.channel k WHERE k.id = w.channel_id
-                   OFFSET 0) k  -- one lookup by id per wake
-             GROUP BY w.channel_id) t;
-    -- The first p_limit eligible channels that are free, then every free ineligible one.
-    RETURN ARRAY(SELECT c.id
-                   FROM unnest(v_eligible) WITH ORDINALITY AS e(id, pos)
-                   JOIN fairq.channel c ON c.id = e.id
-                  ORDER BY e.pos
-                  LIMIT p_limit
-                    FOR NO KEY UPDATE OF c SKIP LOCKED)
-        || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
-                  ORDER BY c.id
-                    FOR NO KEY UPDATE SKIP LOCKED);
+    LOOP
+        SELECT coalesce(sum(t.wakes), 0), coalesce(bool_and(t.on_time), true),
+               coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
+                            FILTER (WHERE t.turn_at <= p_now), '{}'),
+               coalesce(array_agg(t.channel_id) FILTER (WHERE t.turn_at IS NULL OR t.turn_at > p_now), '{}')
+          INTO v_read, v_on_time, v_eligible, v_ineligible
+          FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq,
+                       count(*) AS wakes,
+                       bool_and(k.turn_at IS NOT DISTINCT FROM GREATEST(w.due_at, w.woken_at)) AS on_time
+                  FROM (SELECT * FROM fairq.channel_wake w
+                         WHERE w.queue_id = p_queue_id AND GREATEST(w.due_at, w.woken_at) <= p_now
+                         ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
+                         LIMIT v_window) w
+                 CROSS JOIN LATERAL (
+                       SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
+                                              k.release_interval_ms, k.in_flight,
+                                              k.max_concurrency, k.paused_until, w.woken_at) AS turn_at
+                         FROM fairq.channel k WHERE k.id = w.channel_id
+                       OFFSET 0) k  -- one lookup by id per wake
+                 GROUP BY w.channel_id) t;
+        -- The first p_limit eligible channels that are free (rows this call took in
+        -- a narrower window are its own: taken again).
+        v_taken := ARRAY(SELECT c.id
+                           FROM unnest(v_eligible) WITH ORDINALITY AS e(id, pos)
+                           JOIN fairq.channel c ON c.id = e.id
+                          ORDER BY e.pos
+                          LIMIT p_limit
+                            FOR NO KEY UPDATE OF c SKIP LOCKED);
+        EXIT WHEN v_read < v_window OR v_window > p_limit
+                  OR (v_on_time AND cardinality(v_taken) = p_limit);
+        v_window := p_limit + 32;
+    END LOOP;
+    -- Then every free ineligible one.
+    RETURN v_taken || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
+                             ORDER BY c.id
+                               FOR NO KEY UPDATE SKIP LOCKED);
 END
 $$;
 REVOKE ALL ON FUNCTION fairq.woken_to_take(integer, timestamptz, integer) FROM PUBLIC;

@@ -194,112 +194,83 @@ BEGIN
 END
 $$;
 
--- Takes (deletes) the queued wakes (fairq.channels_wake) of channels whose rows the
--- caller holds, and returns what they make of each channel, as if each had been
--- applied when it was queued, in order, as of its woken_at (the keep-turn rule):
--- its due_at moves to the earliest wake's; its turn becomes the earliest any wake
--- gives (a time: a dequeue then puts it into the rotation) or stays the earlier one
--- it had, with the turn_seq of the first wake that gave it. Every caller that locks
--- a channel row to change its turn takes its wakes first (fairq.fold_wakes,
--- fairq.join_rotation), so a wake never acts after a later change. A wake committed
--- after this statement's snapshot waits for a later caller.
-CREATE FUNCTION fairq.taken_wakes(p_channel_ids bigint[])
-RETURNS TABLE(channel_id bigint, due_at timestamptz, turn_at timestamptz, turn_seq bigint)
-LANGUAGE plpgsql
-AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH taken AS (
-        DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_channel_ids)
-        RETURNING w.channel_id, w.due_at, w.woken_at, w.turn_seq
-    ), folded AS (  -- each wake's turn, applied after the ones queued before it
-        SELECT t.channel_id, t.turn_seq, f.due_at,
-               fairq.next_turn(NULL, f.due_at, c.last_release_at, c.release_interval_ms,
-                               c.in_flight, c.max_concurrency, c.paused_until, t.woken_at) AS turn_at
-          FROM taken t
-          JOIN fairq.channel c ON c.id = t.channel_id
-         CROSS JOIN LATERAL (SELECT LEAST(c.due_at, min(t2.due_at)) AS due_at
-                               FROM taken t2
-                              WHERE t2.channel_id = t.channel_id AND t2.turn_seq <= t.turn_seq) f
-         WHERE c.id = ANY (p_channel_ids)
-    ), best AS (
-        SELECT DISTINCT ON (f.channel_id) f.channel_id, f.turn_at, f.turn_seq,
-               min(f.due_at) OVER (PARTITION BY f.channel_id) AS due_at
-          FROM folded f
-         ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
-    )
-    SELECT b.channel_id, b.due_at, LEAST(c.turn_at, b.turn_at),
-           fairq.kept_turn_seq(c.turn_at, LEAST(c.turn_at, b.turn_at), c.turn_seq, b.turn_seq)
-      FROM best b
-      JOIN fairq.channel c ON c.id = b.channel_id
-     WHERE c.id = ANY (p_channel_ids);
-END
-$$;
-
 -- Writes the queued wakes of channels whose rows the caller holds into those rows
--- (fairq.taken_wakes): a channel in the rotation keeps its place there.
+-- (fairq.channels_join, with no channel joining): a channel in the rotation keeps its
+-- place there, a waiting one the earlier of its turns. Every caller that locks a
+-- channel row to change its turn folds its wakes in first (fairq.channel_lock, the
+-- dequeue's pick, recovery, completions), so a wake never acts after a later change.
 CREATE FUNCTION fairq.fold_wakes(p_channel_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    UPDATE fairq.channel c
-       SET due_at = w.due_at,
-           idle_since = NULL,  -- a wake always brings a due time
-           turn_at = w.turn_at,
-           turn_pass = fairq.kept_place(c.turn_at, w.turn_at, c.turn_pass),
-           turn_given_at = fairq.kept_place(c.turn_at, w.turn_at, c.turn_given_at),
-           turn_seq = w.turn_seq
-      FROM fairq.taken_wakes(p_channel_ids) w
-     WHERE c.id = ANY (p_channel_ids) AND c.id = w.channel_id;
+    PERFORM fairq.channels_join(p_channel_ids, '{}', NULL, NULL, 0);
 END
 $$;
 
 -- For a dequeue of queue p_queue_id, before it picks (fairq.join_rotation): the
--- channels whose queued wakes it takes, their rows locked. It looks at the
--- p_limit + 32 wakes whose turns come first (by due and woken time: an index range,
--- so a burst of wakes costs each dequeue no more). Of their channels it takes the
--- p_limit that these wakes make eligible earliest, so the pick sees every channel
--- whose turn is among the next p_limit, and those that stay ineligible (at
--- max_concurrency, rate-limited or paused past now), which no dequeue could serve
--- now anyway; other wakes wait, so a dequeue holds no more servable channel rows
--- than it may serve. Rows held by others are skipped. A rate-limited channel's wake
--- can make it eligible later than its place in the window says: then a channel
--- woken just after the window may take its turn one dequeue late.
+-- channels whose queued wakes it takes, their rows locked. Of the channels whose
+-- wakes' turns come first it takes the p_limit that these wakes make eligible
+-- earliest, so the pick sees every channel whose turn is among the next p_limit, and
+-- those that stay ineligible (at max_concurrency, rate-limited or paused past now),
+-- which no dequeue could serve now anyway; other wakes wait, so a dequeue holds no
+-- more servable channel rows than it may serve. Rows held by others are skipped.
+-- The wakes are read in the order of channel_wake_turn_ix (due and woken time: an
+-- index range, so a burst of wakes costs each dequeue no more). A wake's turn is
+-- that time unless its channel's policy or pause puts it later, so when the first
+-- p_limit wakes make p_limit free channels eligible at exactly their times, no later
+-- wake can come first: the common case reads p_limit wakes. Otherwise (or when
+-- other dequeues hold some of those channels) it reads a window of p_limit + 32. A
+-- rate-limited channel's wake can make it eligible later than its
+-- place in that window says: then a channel woken just after the window may take
+-- its turn one dequeue late.
 CREATE FUNCTION fairq.woken_to_take(p_queue_id integer, p_now timestamptz, p_limit integer)
 RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
+    v_window integer := p_limit;
+    v_read integer;         -- wakes read
+    v_on_time boolean;      -- every wake read gives its turn at its own time
     v_eligible bigint[];    -- channels the window's wakes make eligible, earliest turn first
     v_ineligible bigint[];  -- the others: at max_concurrency, or rate-limited past now
+    v_taken bigint[];
 BEGIN
-    SELECT coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
-                        FILTER (WHERE t.turn_at <= p_now), '{}'),
-           coalesce(array_agg(t.channel_id) FILTER (WHERE t.turn_at IS NULL OR t.turn_at > p_now), '{}')
-      INTO v_eligible, v_ineligible
-      FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq
-              FROM (SELECT * FROM fairq.channel_wake w
-                     WHERE w.queue_id = p_queue_id AND GREATEST(w.due_at, w.woken_at) <= p_now
-                     ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
-                     LIMIT p_limit + 32) w
-             CROSS JOIN LATERAL (
-                   SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
-                                          k.release_interval_ms, k.in_flight,
-                                          k.max_concurrency, k.paused_until, w.woken_at) AS turn_at
-                     FROM fairq.channel k WHERE k.id = w.channel_id
-                   OFFSET 0) k  -- one lookup by id per wake
-             GROUP BY w.channel_id) t;
-    -- The first p_limit eligible channels that are free, then every free ineligible one.
-    RETURN ARRAY(SELECT c.id
-                   FROM unnest(v_eligible) WITH ORDINALITY AS e(id, pos)
-                   JOIN fairq.channel c ON c.id = e.id
-                  ORDER BY e.pos
-                  LIMIT p_limit
-                    FOR NO KEY UPDATE OF c SKIP LOCKED)
-        || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
-                  ORDER BY c.id
-                    FOR NO KEY UPDATE SKIP LOCKED);
+    LOOP
+        SELECT coalesce(sum(t.wakes), 0), coalesce(bool_and(t.on_time), true),
+               coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
+                            FILTER (WHERE t.turn_at <= p_now), '{}'),
+               coalesce(array_agg(t.channel_id) FILTER (WHERE t.turn_at IS NULL OR t.turn_at > p_now), '{}')
+          INTO v_read, v_on_time, v_eligible, v_ineligible
+          FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq,
+                       count(*) AS wakes,
+                       bool_and(k.turn_at IS NOT DISTINCT FROM GREATEST(w.due_at, w.woken_at)) AS on_time
+                  FROM (SELECT * FROM fairq.channel_wake w
+                         WHERE w.queue_id = p_queue_id AND GREATEST(w.due_at, w.woken_at) <= p_now
+                         ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
+                         LIMIT v_window) w
+                 CROSS JOIN LATERAL (
+                       SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
+                                              k.release_interval_ms, k.in_flight,
+                                              k.max_concurrency, k.paused_until, w.woken_at) AS turn_at
+                         FROM fairq.channel k WHERE k.id = w.channel_id
+                       OFFSET 0) k  -- one lookup by id per wake
+                 GROUP BY w.channel_id) t;
+        -- The first p_limit eligible channels that are free (rows this call took in
+        -- a narrower window are its own: taken again).
+        v_taken := ARRAY(SELECT c.id
+                           FROM unnest(v_eligible) WITH ORDINALITY AS e(id, pos)
+                           JOIN fairq.channel c ON c.id = e.id
+                          ORDER BY e.pos
+                          LIMIT p_limit
+                            FOR NO KEY UPDATE OF c SKIP LOCKED);
+        EXIT WHEN v_read < v_window OR v_window > p_limit
+                  OR (v_on_time AND cardinality(v_taken) = p_limit);
+        v_window := p_limit + 32;
+    END LOOP;
+    -- Then every free ineligible one.
+    RETURN v_taken || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
+                             ORDER BY c.id
+                               FOR NO KEY UPDATE SKIP LOCKED);
 END
 $$;
 

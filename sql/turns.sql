@@ -147,15 +147,11 @@ $$;
 
 -- For a dequeue of queue p_queue_id, before it picks: the channels whose wait is over
 -- (turn_at <= p_now, or made so by the wakes producers queued: fairq.woken_to_take),
--- earliest first and at most p_limit, join the rotation, each just ahead of the
--- first channel given its place after its wait ended (its pass less one), or else at
--- the back (one past the highest pass), whatever its weight: the weight counts from
--- its first turn on. Taking the earliest first makes that exact for whoever picks
--- next: a channel left waiting belongs behind every channel joined now. A woken
--- channel is written once, its wakes and its place together (the wakes of channels
--- that do not join are folded into their turns). Rows other calls hold are skipped
--- (their holders will give them their turns). The caller then holds these rows.
--- True if it took any.
+-- earliest first and at most p_limit, join the rotation (fairq.channels_join). Taking
+-- the earliest first makes their places exact for whoever picks next: a channel left
+-- waiting belongs behind every channel joined now. Rows other calls hold are skipped
+-- (their holders will give them their turns). The caller then holds these rows. True
+-- if it took any.
 CREATE FUNCTION fairq.join_rotation(p_queue_id integer, p_now timestamptz, p_limit integer)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -163,7 +159,6 @@ AS $$
 DECLARE
     v_woken bigint[] := '{}';
     v_waiting bigint[];
-    v_back_pass bigint;
 BEGIN
     IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = p_queue_id) THEN
         v_woken := fairq.woken_to_take(p_queue_id, p_now, p_limit);
@@ -178,30 +173,73 @@ BEGIN
     IF cardinality(v_woken) = 0 AND cardinality(v_waiting) = 0 THEN
         RETURN false;
     END IF;
-    -- An empty rotation starts anywhere: passes are only compared within it.
-    v_back_pass := coalesce((SELECT c.turn_pass FROM fairq.channel c
-                              WHERE c.queue_id = p_queue_id AND c.turn_at = fairq.in_rotation()
-                              ORDER BY c.turn_pass DESC LIMIT 1), 0);
-    WITH woken AS MATERIALIZED (
-        SELECT * FROM fairq.taken_wakes(v_woken)
-    ), held AS (  -- each channel taken, as its wakes leave it
+    PERFORM fairq.channels_join(v_woken, v_waiting, p_queue_id, p_now, p_limit);
+    RETURN true;
+END
+$$;
+
+-- Writes, in one update per channel, what happens to channels whose rows the caller
+-- holds (all of queue p_queue_id):
+--   * the queued wakes of p_woken (fairq.channels_wake) are applied as if each had
+--     been applied when it was queued, in order, as of its woken_at (the keep-turn
+--     rule): the channel's due_at moves to the earliest wake's; its turn becomes the
+--     earliest any wake gives, or stays the earlier one it had (in the rotation: its
+--     place), with the turn_seq of the first wake that gave it. A wake committed
+--     after this statement's snapshot waits for a later caller;
+--   * then, of p_woken and p_waiting, the first p_limit (earliest turn first) whose
+--     wait is over by p_now join the rotation, each just ahead of the first channel
+--     given its place after its wait ended (its pass less one), or else at the back
+--     (one past the highest pass), whatever its weight: the weight counts from its
+--     first turn on. Those that join are given their places at their turn times.
+-- A woken channel that joins is so written once, not once for its wakes and once
+-- for its place. With p_limit 0 nothing joins: the wakes are folded in
+-- (fairq.fold_wakes).
+CREATE FUNCTION fairq.channels_join(p_woken bigint[], p_waiting bigint[], p_queue_id integer,
+                                    p_now timestamptz, p_limit integer)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    WITH taken AS (
+        DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_woken)
+        RETURNING w.channel_id, w.due_at, w.woken_at, w.turn_seq
+    ), folded AS (  -- each wake's turn, applied after the ones queued before it
+        SELECT t.channel_id, t.turn_seq, f.due_at,
+               fairq.next_turn(NULL, f.due_at, c.last_release_at, c.release_interval_ms,
+                               c.in_flight, c.max_concurrency, c.paused_until, t.woken_at) AS turn_at
+          FROM taken t
+          JOIN fairq.channel c ON c.id = t.channel_id
+         CROSS JOIN LATERAL (SELECT LEAST(c.due_at, min(t2.due_at)) AS due_at
+                               FROM taken t2
+                              WHERE t2.channel_id = t.channel_id AND t2.turn_seq <= t.turn_seq) f
+         WHERE c.id = ANY (p_woken)
+    ), woken AS (  -- per channel: the earliest turn, the earliest due time
+        SELECT DISTINCT ON (f.channel_id) f.channel_id, f.turn_at, f.turn_seq,
+               min(f.due_at) OVER (PARTITION BY f.channel_id) AS due_at
+          FROM folded f
+         ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
+    ), held AS (  -- each channel, as its wakes leave it
         SELECT c.id, w.channel_id IS NOT NULL AS woken, coalesce(w.due_at, c.due_at) AS due_at,
-               CASE WHEN w.channel_id IS NULL THEN c.turn_at ELSE w.turn_at END AS turn_at,
-               CASE WHEN w.channel_id IS NULL THEN c.turn_seq ELSE w.turn_seq END AS turn_seq,
-               CASE WHEN w.channel_id IS NULL THEN c.turn_pass
-                    ELSE fairq.kept_place(c.turn_at, w.turn_at, c.turn_pass) END AS turn_pass,
-               CASE WHEN w.channel_id IS NULL THEN c.turn_given_at
-                    ELSE fairq.kept_place(c.turn_at, w.turn_at, c.turn_given_at) END AS turn_given_at
+               n.turn_at,
+               fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq) AS turn_seq,
+               fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass) AS turn_pass,
+               fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at) AS turn_given_at
           FROM fairq.channel c
           LEFT JOIN woken w ON w.channel_id = c.id
-         WHERE c.id = ANY (v_woken || v_waiting)
+         CROSS JOIN LATERAL (SELECT LEAST(c.turn_at, w.turn_at) AS turn_at) n
+         WHERE c.id = ANY (p_woken || p_waiting)
     ), joining AS (
         SELECT p.*, count(*) FILTER (WHERE p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
           FROM (SELECT j.id, j.pos, j.turn_at, nextval('fairq.turn_seq') AS turn_seq,
-                       (SELECT r.turn_pass FROM fairq.channel r
-                         WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
-                           AND r.turn_given_at > j.turn_at
-                         ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) AS next_pass
+                       -- (Looked up only when some place was given later than its turn:
+                       -- the latest given is one read, once.)
+                       CASE WHEN j.turn_at < (SELECT max(r.turn_given_at) FROM fairq.channel r
+                                               WHERE r.queue_id = p_queue_id
+                                                 AND r.turn_at = fairq.in_rotation())
+                            THEN (SELECT r.turn_pass FROM fairq.channel r
+                                   WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
+                                     AND r.turn_given_at > j.turn_at
+                                   ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) END AS next_pass
                   FROM (SELECT h.id, h.turn_at,
                                row_number() OVER (ORDER BY h.turn_at, h.turn_pass, h.turn_seq) AS pos
                           FROM held h
@@ -216,14 +254,20 @@ BEGIN
            idle_since = CASE WHEN NOT h.woken THEN c.idle_since END,  -- a wake brings a due time
            turn_at = CASE WHEN j.id IS NULL THEN h.turn_at ELSE fairq.in_rotation() END,
            turn_pass = CASE WHEN j.id IS NULL THEN h.turn_pass
-                            ELSE coalesce(j.next_pass - 1, v_back_pass + j.back_rank) END,
+                            -- (An empty rotation starts anywhere: passes are only
+                            -- compared within it.)
+                            ELSE coalesce(j.next_pass - 1,
+                                          coalesce((SELECT r.turn_pass FROM fairq.channel r
+                                                     WHERE r.queue_id = p_queue_id
+                                                       AND r.turn_at = fairq.in_rotation()
+                                                     ORDER BY r.turn_pass DESC LIMIT 1), 0)
+                                          + j.back_rank) END,
            turn_given_at = CASE WHEN j.id IS NULL THEN h.turn_given_at ELSE j.turn_at END,
            turn_seq = coalesce(j.turn_seq, h.turn_seq)
       FROM held h
       LEFT JOIN joining j ON j.id = h.id
-     WHERE c.id = ANY (v_woken || v_waiting) AND c.id = h.id
+     WHERE c.id = ANY (p_woken || p_waiting) AND c.id = h.id
        AND (h.woken OR j.id IS NOT NULL);
-    RETURN true;
 END
 $$;
 
