@@ -208,69 +208,70 @@ END
 $$;
 
 -- For a dequeue of queue p_queue_id, before it picks (fairq.join_rotation): the
--- channels whose queued wakes it takes, their rows locked. Of the channels whose
--- wakes' turns come first it takes the p_limit that these wakes make eligible
--- earliest, so the pick sees every channel whose turn is among the next p_limit, and
--- those that stay ineligible (at max_concurrency, rate-limited or paused past now),
--- which no dequeue could serve now anyway; other wakes wait, so a dequeue holds no
--- more servable channel rows than it may serve. Rows held by others are skipped.
--- The wakes are read in the order of channel_wake_turn_ix (due and woken time: an
--- index range, so a burst of wakes costs each dequeue no more). A wake's turn is
--- that time unless its channel's policy or pause puts it later, so when the first
--- p_limit wakes make p_limit free channels eligible at exactly their times, no later
--- wake can come first: the common case reads p_limit wakes. Otherwise (or when
--- other dequeues hold some of those channels) it reads a window of p_limit + 32. A
--- rate-limited channel's wake can make it eligible later than its
--- place in that window says: then a channel woken just after the window may take
--- its turn one dequeue late.
-CREATE FUNCTION fairq.woken_to_take(p_queue_id integer, p_now timestamptz, p_limit integer)
+-- channels whose queued wakes it takes, their rows locked. p_waiting are the
+-- channels already waiting to join that the caller holds (their waits are over, the
+-- earliest first). It looks at the p_limit + 32 wakes whose turns come first (by due
+-- and woken time: an index range, so a burst of wakes costs each dequeue no more).
+-- Of their channels it takes those that, with p_waiting, are the p_limit eligible
+-- earliest (so the pick sees every channel whose turn is among the next p_limit,
+-- and the other wakes stay queued, not written), and those that stay ineligible (at
+-- max_concurrency, rate-limited or paused past now), which no dequeue could serve
+-- now anyway: a dequeue holds no more servable channel rows than it may serve. Rows
+-- held by others are skipped. A rate-limited channel's wake can make it eligible
+-- later than its place in the window says: then a channel woken just after the
+-- window may take its turn one dequeue late.
+CREATE FUNCTION fairq.woken_to_take(p_queue_id integer, p_now timestamptz, p_limit integer,
+                                    p_waiting bigint[])
 RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_window integer := p_limit;
-    v_read integer;         -- wakes read
-    v_on_time boolean;      -- every wake read gives its turn at its own time
-    v_eligible bigint[];    -- channels the window's wakes make eligible, earliest turn first
-    v_ineligible bigint[];  -- the others: at max_concurrency, or rate-limited past now
-    v_taken bigint[];
+    v_eligible bigint[];       -- channels the window's wakes make eligible, earliest first,
+    v_turn_ats timestamptz[];  -- with their turns
+    v_turn_seqs bigint[];
+    v_ineligible bigint[];     -- the others: at max_concurrency, or rate-limited past now
 BEGIN
-    LOOP
-        SELECT coalesce(sum(t.wakes), 0), coalesce(bool_and(t.on_time), true),
-               coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
-                            FILTER (WHERE t.turn_at <= p_now), '{}'),
-               coalesce(array_agg(t.channel_id) FILTER (WHERE t.turn_at IS NULL OR t.turn_at > p_now), '{}')
-          INTO v_read, v_on_time, v_eligible, v_ineligible
-          FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq,
-                       count(*) AS wakes,
-                       bool_and(k.turn_at IS NOT DISTINCT FROM GREATEST(w.due_at, w.woken_at)) AS on_time
-                  FROM (SELECT * FROM fairq.channel_wake w
-                         WHERE w.queue_id = p_queue_id AND GREATEST(w.due_at, w.woken_at) <= p_now
-                         ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
-                         LIMIT v_window) w
-                 CROSS JOIN LATERAL (
-                       SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
-                                              k.release_interval_ms, k.in_flight,
-                                              k.max_concurrency, k.paused_until, w.woken_at) AS turn_at
-                         FROM fairq.channel k WHERE k.id = w.channel_id
-                       OFFSET 0) k  -- one lookup by id per wake
-                 GROUP BY w.channel_id) t;
-        -- The first p_limit eligible channels that are free (rows this call took in
-        -- a narrower window are its own: taken again).
-        v_taken := ARRAY(SELECT c.id
-                           FROM unnest(v_eligible) WITH ORDINALITY AS e(id, pos)
-                           JOIN fairq.channel c ON c.id = e.id
-                          ORDER BY e.pos
+    SELECT coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
+                        FILTER (WHERE t.turn_at <= p_now), '{}'),
+           coalesce(array_agg(t.turn_at ORDER BY t.turn_at, t.turn_seq)
+                        FILTER (WHERE t.turn_at <= p_now), '{}'),
+           coalesce(array_agg(t.turn_seq ORDER BY t.turn_at, t.turn_seq)
+                        FILTER (WHERE t.turn_at <= p_now), '{}'),
+           coalesce(array_agg(t.channel_id) FILTER (WHERE t.turn_at IS NULL OR t.turn_at > p_now), '{}')
+      INTO v_eligible, v_turn_ats, v_turn_seqs, v_ineligible
+      FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq
+              FROM (SELECT * FROM fairq.channel_wake w
+                     WHERE w.queue_id = p_queue_id AND GREATEST(w.due_at, w.woken_at) <= p_now
+                     ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
+                     LIMIT p_limit + 32) w
+             CROSS JOIN LATERAL (
+                   SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
+                                          k.release_interval_ms, k.in_flight,
+                                          k.max_concurrency, k.paused_until, w.woken_at) AS turn_at
+                     FROM fairq.channel k WHERE k.id = w.channel_id
+                   OFFSET 0) k  -- one lookup by id per wake
+             GROUP BY w.channel_id) t;
+    -- Of these and p_waiting (this call's own rows), the first p_limit that are free,
+    -- then every free ineligible one.
+    RETURN ARRAY(SELECT x.id
+                   FROM (SELECT c.id, m.woken
+                           FROM (SELECT u.*, row_number() OVER (ORDER BY u.turn_at, u.turn_seq) AS pos
+                                   FROM (SELECT e.id, e.turn_at, e.turn_seq, true AS woken
+                                           FROM unnest(v_eligible, v_turn_ats, v_turn_seqs)
+                                                AS e(id, turn_at, turn_seq)
+                                         UNION ALL
+                                         SELECT k.id, k.turn_at, k.turn_seq, false
+                                           FROM fairq.channel k
+                                          WHERE k.id = ANY (p_waiting)
+                                            AND k.id <> ALL (v_eligible)) u) m
+                           JOIN fairq.channel c ON c.id = m.id
+                          ORDER BY m.pos
                           LIMIT p_limit
-                            FOR NO KEY UPDATE OF c SKIP LOCKED);
-        EXIT WHEN v_read < v_window OR v_window > p_limit
-                  OR (v_on_time AND cardinality(v_taken) = p_limit);
-        v_window := p_limit + 32;
-    END LOOP;
-    -- Then every free ineligible one.
-    RETURN v_taken || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
-                             ORDER BY c.id
-                               FOR NO KEY UPDATE SKIP LOCKED);
+                            FOR NO KEY UPDATE OF c SKIP LOCKED) x
+                  WHERE x.woken)
+        || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
+                  ORDER BY c.id
+                    FOR NO KEY UPDATE SKIP LOCKED);
 END
 $$;
 

@@ -160,16 +160,15 @@ DECLARE
     v_woken bigint[] := '{}';
     v_waiting bigint[];
 BEGIN
-    IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = p_queue_id) THEN
-        v_woken := fairq.woken_to_take(p_queue_id, p_now, p_limit);
-    END IF;
-    -- (Rows this call holds already are not skipped: a woken channel may be here too.)
     v_waiting := ARRAY(SELECT c.id FROM fairq.channel c
                         WHERE c.queue_id = p_queue_id
                           AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
                         ORDER BY c.turn_at, c.turn_pass, c.turn_seq
                         LIMIT p_limit
                           FOR NO KEY UPDATE SKIP LOCKED);
+    IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = p_queue_id) THEN
+        v_woken := fairq.woken_to_take(p_queue_id, p_now, p_limit, v_waiting);
+    END IF;
     IF cardinality(v_woken) = 0 AND cardinality(v_waiting) = 0 THEN
         RETURN false;
     END IF;
