@@ -1108,16 +1108,19 @@ BEGIN
     WITH queued AS (
         INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
         SELECT n.id, n.due_at, p_now, nextval('fairq.turn_seq'), n.queue_id
-          FROM (SELECT c.id, e.due_at, c.queue_id FROM fairq.channel c
-                  JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
-                 -- The channel as the next dequeue will see it: with the wakes already
-                 -- queued (those of producers still open are not seen; a second wake
-                 -- is harmless: applied, it only moves a turn earlier).
-                 WHERE c.id = ANY (p_channel_ids)
-                   AND fairq.needs_wake(LEAST(c.due_at, (SELECT min(w.due_at) FROM fairq.channel_wake w
-                                                          WHERE w.channel_id = c.id)),
-                                        e.due_at, p_now)
-                 ORDER BY c.id
+          FROM (SELECT k.id, k.due_at, k.queue_id
+                  -- The channel as the next dequeue will see it: with the wakes already
+                  -- queued (those of producers still open are not seen; a second wake
+                  -- is harmless: applied, it only moves a turn earlier).
+                  FROM (SELECT c.id, e.due_at, c.queue_id,
+                               LEAST(c.due_at, (SELECT min(w.due_at) FROM fairq.channel_wake w
+                                                 WHERE w.channel_id = c.id)) AS pending_due_at
+                          FROM fairq.channel c
+                          JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
+                         WHERE c.id = ANY (p_channel_ids)
+                        OFFSET 0) k  -- (needs_wake then gets a plain column, and is inlined)
+                 WHERE fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
+                 ORDER BY k.id
                 OFFSET 0) n
         RETURNING channel_id)
     SELECT coalesce(array_agg(q.channel_id), '{}') INTO v_woken FROM queued q;
