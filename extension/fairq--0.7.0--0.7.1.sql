@@ -321,8 +321,11 @@ BEGIN
                 interval '200 ms'));
             EXIT WHEN NOT fairq.wait_for_release(v_queue.id, v_wait_until);
             -- The call we waited for may have applied a wake, or left one free to apply,
-            -- and gave its channel a turn at its own clock.
-            v_holds_locks := fairq.join_rotation(v_queue.id, fairq.clock(), p_max_messages - v_count);
+            -- and gave its channel a turn at its own clock. This call goes on with a new
+            -- clock: a channel that joins the rotation now is served at that clock, never
+            -- at the one read before the wait (a rate limit counts from the release).
+            v_now := fairq.clock();
+            v_holds_locks := fairq.join_rotation(v_queue.id, v_now, p_max_messages - v_count);
             v_clock_fresh := false;
             CONTINUE;
         END IF;

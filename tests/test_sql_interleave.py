@@ -500,3 +500,36 @@ def test_an_open_producer_transaction_of_one_queue_blocks_nothing_in_another(
         assert complete(conn, got[0]) == "completed"
         conn.execute("SELECT fairq.channel_set('x', 1, p_queue => 'a')")
     assert [d.content for d in dequeue(conn, queue="b")] == [b"uncommitted"]
+
+
+def test_a_call_that_waited_for_a_busy_channel_releases_at_its_new_clock(
+        conn: Conn, other: Conn, dsn: str) -> None:
+    """A dequeue that found only a busy channel waits for it, then goes on with a new
+    clock: a rate-limited channel whose interval ended during that wait joins the
+    rotation and is released at the new clock, so the interval holds between its two
+    releases. (A build that let channels join at the new clock but served them at the
+    clock read before the wait released it early.) The interval ends by clock travel
+    while the call is seen waiting, not by sleeping."""
+    conn.execute("SELECT fairq.channel_set('limited', p_release_interval_ms => 60000)")
+    create(conn, "limited", b"first")
+    create(conn, "limited", b"second")
+    first = dequeue(conn, n=1)
+    assert [d.content for d in first] == [b"first"]
+    complete(conn, first[0])
+    create(conn, "busy", b"waiting")
+    released = "SELECT last_release_at FROM fairq.channel WHERE name = 'limited'"
+    first_release = conn.execute(released).fetchone()[0]  # type: ignore[index]
+
+    def waiting_dequeue(c: Conn) -> list[Delivery]:
+        c.execute("SET fairq.dequeue_busy_wait = '30s'")
+        return dequeue(c, n=2)
+
+    with open_transaction(other):
+        other.execute("SELECT 1 FROM fairq.channel WHERE name = 'busy' FOR NO KEY UPDATE")
+        call_ = Background(dsn, waiting_dequeue)
+        assert call_.waits_for(other)
+        travel(conn, 61_000)  # the interval is over before the busy channel is free
+    got = call_.join()
+    assert sorted(d.content for d in got) == [b"second", b"waiting"]
+    second_release = conn.execute(released).fetchone()[0]  # type: ignore[index]
+    assert second_release - first_release >= timedelta(milliseconds=60_000)
