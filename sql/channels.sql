@@ -4,12 +4,14 @@
 -- Invariants:
 --   * producers never lock a channel row: they hold the channel's producer lock (a
 --     transaction-level advisory lock on the queue and channel name, shared among
---     producers),
---     which dequeues and settlements never wait for, and an idle channel's wake is
---     queued (fairq.channels_wake), so an open producer transaction never hides or
---     blocks its channel. Only a change that would make a channel *less* eligible
---     (going idle, removal) needs to know that no producer is mid-insert, and it
---     learns that by trying the producer lock exclusively, never by waiting. (Row
+--     producers), which dequeues and settlements never wait for, and an idle
+--     channel's wake is queued (fairq.channels_wake), so an open producer
+--     transaction never hides or blocks its channel. Only a change that would make a
+--     channel *less* eligible needs to know that no producer is mid-insert, and it
+--     learns that by trying a lock exclusively, never by waiting: removal tries the
+--     producer lock; going idle (or waiting for a later message) tries the settle
+--     lock, which a producer only tries, shared, and when it finds it taken queues a
+--     wake instead: so producers never wait for dequeues either (locks.sql). (Row
 --     share locks would do the same job, but the MultiXacts they create make even
 --     SKIP LOCKED wait, and deadlock, when it follows a row's update chain.)
 --   * a channel with no policy and nothing in it stays, idle, until the collector
@@ -45,11 +47,13 @@ $$;
 
 -- When a locked channel's earliest pending message is due, for a caller about to
 -- write it back. Making the channel less eligible (nothing due now, or nothing at
--- all) first takes the producer lock and then looks again, in a new snapshot: a
--- producer mid-insert means "keep it due now", and one that committed just before
--- the lock is seen by the second look. That look sees every committed message, so
--- the channel's queued wakes are spent: they are dropped (the caller holds the row,
--- as fairq.join_rotation would).
+-- all) first takes the settle lock and then looks again, in a new snapshot: a
+-- producer holding it (one that relies on the channel staying due) means "keep it
+-- due now", and one that committed just before the lock is seen by the second look.
+-- In the same snapshot the channel's queued wakes are dropped, as spent (the caller
+-- holds the row, as fairq.join_rotation would): a producer that found the settle
+-- lock taken queued its wake anyway, and if it commits after that snapshot its wake
+-- is not seen, so it stays queued with its message.
 CREATE FUNCTION fairq.settled_due_at(p_channel_id bigint, p_queue_id integer, p_name text,
                                      p_now timestamptz)
 RETURNS timestamptz
@@ -59,11 +63,11 @@ DECLARE
     v_due_at timestamptz := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
 BEGIN
     IF v_due_at IS NULL OR v_due_at > p_now THEN
-        IF NOT fairq.channel_quiet(p_queue_id, p_name) THEN
+        IF NOT fairq.settle_lock_try(p_queue_id, p_name) THEN
             RETURN p_now;
         END IF;
-        v_due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
-        DELETE FROM fairq.channel_wake w WHERE w.channel_id = p_channel_id;
+        WITH spent AS (DELETE FROM fairq.channel_wake w WHERE w.channel_id = p_channel_id)
+        SELECT p.due_at INTO v_due_at FROM fairq.pending_due_at(p_channel_id) AS p;
     END IF;
     RETURN v_due_at;
 END
@@ -159,36 +163,55 @@ AS $$
     SELECT p_channel_due_at IS NULL OR (p_due_at < p_channel_due_at AND p_channel_due_at > p_now)
 $$;
 
+-- The channels p_channel_ids as the next dequeue will see them, with the due times
+-- p_due_ats that producers' new messages need: their pending due time includes the
+-- wakes already queued (those of producers still open are not seen; a second wake is
+-- harmless: applied, it only moves a turn earlier). An SQL table function, inlined
+-- into its callers' statements.
+CREATE FUNCTION fairq.wake_candidates(p_channel_ids bigint[], p_due_ats timestamptz[])
+RETURNS TABLE(id bigint, queue_id integer, name text, due_at timestamptz,
+              pending_due_at timestamptz)
+LANGUAGE sql STABLE
+AS $$
+    SELECT c.id, c.queue_id, c.name, e.due_at,
+           LEAST(c.due_at, (SELECT min(w.due_at) FROM fairq.channel_wake w
+                             WHERE w.channel_id = c.id))
+      FROM fairq.channel c
+      JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
+     WHERE c.id = ANY (p_channel_ids)
+    OFFSET 0  -- (needs_wake then gets a plain column, and is inlined)
+$$;
+
 -- For a producer holding the channels' producer locks (create, dead-letter retry):
 -- the channels among p_channel_ids (each with the earliest due time its new messages
 -- need) whose turn those messages must bring forward (fairq.needs_wake). Their wakes
 -- are queued in fairq.channel_wake, committed with the messages, and the next
 -- dequeues apply them (fairq.join_rotation) with the turn_seq given here, in id order.
--- A producer never locks a channel row: one that did, for a wake, kept it until
--- commit, so an open producer transaction hid the channel's other messages from
--- workers and made its completions wait. Returns the channels woken.
+-- A channel that seems to need no wake (it is due already) is relied on to stay due:
+-- its settle lock is tried shared first, and the look that decides comes after, in a
+-- new snapshot. Where that lock is taken (a call is deciding whether the channel goes
+-- idle, and may not see these messages) the wake is queued anyway, and so is it for
+-- a channel that needed one at the first look: a second wake is harmless, and the
+-- producer never waits. A producer never locks a channel row: one that did, for a
+-- wake, kept it until commit, so an open producer transaction hid the channel's other
+-- messages from workers and made its completions wait. Returns the channels woken.
 CREATE FUNCTION fairq.channels_wake(p_channel_ids bigint[], p_due_ats timestamptz[],
                                     p_now timestamptz) RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
+    v_forced bigint[];  -- channels woken whatever the second look says
     v_woken bigint[];
 BEGIN
+    v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
+                       WHERE fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
+                          OR NOT fairq.settle_lock_try_shared(k.queue_id, k.name));
     WITH queued AS (
         INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
         SELECT n.id, n.due_at, p_now, nextval('fairq.turn_seq'), n.queue_id
           FROM (SELECT k.id, k.due_at, k.queue_id
-                  -- The channel as the next dequeue will see it: with the wakes already
-                  -- queued (those of producers still open are not seen; a second wake
-                  -- is harmless: applied, it only moves a turn earlier).
-                  FROM (SELECT c.id, e.due_at, c.queue_id,
-                               LEAST(c.due_at, (SELECT min(w.due_at) FROM fairq.channel_wake w
-                                                 WHERE w.channel_id = c.id)) AS pending_due_at
-                          FROM fairq.channel c
-                          JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
-                         WHERE c.id = ANY (p_channel_ids)
-                        OFFSET 0) k  -- (needs_wake then gets a plain column, and is inlined)
-                 WHERE fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
+                  FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
+                 WHERE k.id = ANY (v_forced) OR fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
                  ORDER BY k.id
                 OFFSET 0) n
         RETURNING channel_id)
@@ -213,68 +236,94 @@ $$;
 -- For a dequeue of queue p_queue_id, before it picks (fairq.join_rotation): the
 -- channels whose queued wakes it takes, their rows locked. p_waiting are the
 -- channels already waiting to join that the caller holds (their waits are over, the
--- earliest first). It looks at the p_limit + 32 wakes whose turns come first (by due
--- and woken time: an index range, so a burst of wakes costs each dequeue no more).
--- Of their channels it takes those that, with p_waiting, are the p_limit eligible
--- earliest (so the pick sees every channel whose turn is among the next p_limit,
--- and the other wakes stay queued, not written), and those that stay ineligible (at
+-- earliest first). It reads the due wakes in windows of p_limit + 32 (by due and
+-- woken time: an index range, so a burst of wakes costs each dequeue no more). Of a
+-- window's channels it takes those that, with p_waiting, are the p_limit eligible
+-- earliest (so the pick sees every channel whose turn is among the next p_limit, and
+-- the other wakes stay queued, not written), and those that stay ineligible (at
 -- max_concurrency, rate-limited or paused past now), which no dequeue could serve
 -- now anyway: a dequeue holds no more servable channel rows than it may serve. Rows
--- held by others are skipped. A rate-limited channel's wake can make it eligible
--- later than its place in the window says: then a channel woken just after the
--- window may take its turn one dequeue late.
+-- held by others are skipped; when that leaves it short, it reads the next window
+-- (at most 8 in all), so concurrent dequeues take the wakes after each other's
+-- instead of waiting for them. A rate-limited channel's wake can make
+-- it eligible later than its place in the window says: then a channel woken just
+-- after the window may take its turn one dequeue late.
 CREATE FUNCTION fairq.woken_to_take(p_queue_id integer, p_now timestamptz, p_limit integer,
                                     p_waiting bigint[])
 RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
+    v_window_size CONSTANT integer := p_limit + 32;
+    v_taken bigint[] := '{}';
+    v_seen bigint[] := '{}';   -- channels of the windows read so far
+    v_wanted integer := p_limit;  -- eligible channels still to take
+    v_from timestamptz := '-infinity';  -- where the next window starts
+    v_read integer;            -- wakes the window read
     v_eligible bigint[];       -- channels the window's wakes make eligible, earliest first,
     v_turn_ats timestamptz[];  -- with their turns
     v_turn_seqs bigint[];
     v_ineligible bigint[];     -- the others: at max_concurrency, or rate-limited past now
+    v_woken bigint[];
+    v_joining integer;
 BEGIN
-    SELECT coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
-                        FILTER (WHERE t.turn_at <= p_now), '{}'),
-           coalesce(array_agg(t.turn_at ORDER BY t.turn_at, t.turn_seq)
-                        FILTER (WHERE t.turn_at <= p_now), '{}'),
-           coalesce(array_agg(t.turn_seq ORDER BY t.turn_at, t.turn_seq)
-                        FILTER (WHERE t.turn_at <= p_now), '{}'),
-           coalesce(array_agg(t.channel_id) FILTER (WHERE t.turn_at IS NULL OR t.turn_at > p_now), '{}')
-      INTO v_eligible, v_turn_ats, v_turn_seqs, v_ineligible
-      FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq
-              FROM (SELECT * FROM fairq.channel_wake w
-                     WHERE w.queue_id = p_queue_id AND GREATEST(w.due_at, w.woken_at) <= p_now
-                     ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
-                     LIMIT p_limit + 32) w
-             CROSS JOIN LATERAL (
-                   SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
-                                          k.release_interval_ms, k.in_flight,
-                                          k.max_concurrency, k.paused_until, w.woken_at) AS turn_at
-                     FROM fairq.channel k WHERE k.id = w.channel_id
-                   OFFSET 0) k  -- one lookup by id per wake
-             GROUP BY w.channel_id) t;
-    -- Of these and p_waiting (this call's own rows), the first p_limit that are free,
-    -- then every free ineligible one.
-    RETURN ARRAY(SELECT x.id
-                   FROM (SELECT c.id, m.woken
-                           FROM (SELECT u.*, row_number() OVER (ORDER BY u.turn_at, u.turn_seq) AS pos
-                                   FROM (SELECT e.id, e.turn_at, e.turn_seq, true AS woken
-                                           FROM unnest(v_eligible, v_turn_ats, v_turn_seqs)
-                                                AS e(id, turn_at, turn_seq)
-                                         UNION ALL
-                                         SELECT k.id, k.turn_at, k.turn_seq, false
-                                           FROM fairq.channel k
-                                          WHERE k.id = ANY (p_waiting)
-                                            AND k.id <> ALL (v_eligible)) u) m
-                           JOIN fairq.channel c ON c.id = m.id
-                          ORDER BY m.pos
-                          LIMIT p_limit
-                            FOR NO KEY UPDATE OF c SKIP LOCKED) x
-                  WHERE x.woken)
-        || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
-                  ORDER BY c.id
-                    FOR NO KEY UPDATE SKIP LOCKED);
+    FOR v_window IN 1 .. 8 LOOP
+        SELECT coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
+                            FILTER (WHERE t.turn_at <= p_now), '{}'),
+               coalesce(array_agg(t.turn_at ORDER BY t.turn_at, t.turn_seq)
+                            FILTER (WHERE t.turn_at <= p_now), '{}'),
+               coalesce(array_agg(t.turn_seq ORDER BY t.turn_at, t.turn_seq)
+                            FILTER (WHERE t.turn_at <= p_now), '{}'),
+               coalesce(array_agg(t.channel_id) FILTER (WHERE t.turn_at IS NULL OR t.turn_at > p_now), '{}'),
+               coalesce(sum(t.wakes), 0), max(t.last_key)
+          INTO v_eligible, v_turn_ats, v_turn_seqs, v_ineligible, v_read, v_from
+          FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq,
+                       count(*) AS wakes, max(w.key) AS last_key
+                  FROM (SELECT w.*, GREATEST(w.due_at, w.woken_at) AS key FROM fairq.channel_wake w
+                         WHERE w.queue_id = p_queue_id
+                           AND GREATEST(w.due_at, w.woken_at) >= v_from
+                           AND GREATEST(w.due_at, w.woken_at) <= p_now
+                           AND w.channel_id <> ALL (v_seen)
+                         ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
+                         LIMIT v_window_size) w
+                 CROSS JOIN LATERAL (
+                       SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
+                                              k.release_interval_ms, k.in_flight,
+                                              k.max_concurrency, k.paused_until, w.woken_at) AS turn_at
+                         FROM fairq.channel k WHERE k.id = w.channel_id
+                       OFFSET 0) k  -- one lookup by id per wake
+                 GROUP BY w.channel_id) t;
+        -- Of these and the waiting channels (this call's own rows), the first v_wanted
+        -- that are free, then every free ineligible one. The waiting channels count in
+        -- the first window only: a later one is read only when all of them joined.
+        WITH joining AS (
+            SELECT c.id, m.woken
+              FROM (SELECT u.id, u.turn_at, u.turn_seq, u.woken
+                      FROM (SELECT e.id, e.turn_at, e.turn_seq, true AS woken
+                              FROM unnest(v_eligible, v_turn_ats, v_turn_seqs) AS e(id, turn_at, turn_seq)
+                            UNION ALL
+                            SELECT k.id, k.turn_at, k.turn_seq, false
+                              FROM fairq.channel k
+                             WHERE v_window = 1 AND k.id = ANY (p_waiting)
+                               AND k.id <> ALL (v_eligible)) u
+                     ORDER BY u.turn_at, u.turn_seq
+                    OFFSET 0) m  -- (sorted first: the rows are then locked one by one, in order)
+              JOIN fairq.channel c ON c.id = m.id
+             ORDER BY m.turn_at, m.turn_seq
+             LIMIT v_wanted
+               FOR NO KEY UPDATE OF c SKIP LOCKED)
+        SELECT coalesce(array_agg(j.id) FILTER (WHERE j.woken), '{}'), count(*)
+          INTO v_woken, v_joining
+          FROM joining j;
+        v_taken := v_taken || v_woken
+                   || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
+                             ORDER BY c.id
+                               FOR NO KEY UPDATE SKIP LOCKED);
+        v_wanted := v_wanted - v_joining;
+        EXIT WHEN v_wanted <= 0 OR v_read < v_window_size;
+        v_seen := v_seen || v_eligible || v_ineligible;
+    END LOOP;
+    RETURN v_taken;
 END
 $$;
 

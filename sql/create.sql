@@ -6,8 +6,10 @@
 --     nothing due before it) it queues a wake that the next dequeue applies
 --     (fairq.channels_wake). Producers never wait for a channel row, and producers
 --     and workers never wait for one another;
---   * a dequeue never makes a channel less eligible while a producer holds that
---     lock (see channels.sql), so a message committed later is never stranded;
+--   * a call never makes a channel less eligible while a producer that relies on it
+--     staying due holds its settle lock, and a producer that finds that lock taken
+--     queues a wake anyway, never waiting (see fairq.channels_wake), so a message
+--     committed later is never stranded;
 --   * a bounded channel admits a message only while its count is below max_size;
 --   * at most one message per (channel, dedup_key) exists at a time;
 --   * channel rows are locked in id order, like every call that locks several.
@@ -89,8 +91,8 @@ BEGIN
 
     v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
     -- Take every channel's producer lock (creating the channel on first use); it
-    -- conflicts only with channel_set/channel_clear and with a dequeue deciding that
-    -- a channel is empty, each of which holds it for one short call.
+    -- conflicts only with channel_set/channel_clear and the pause calls, each of
+    -- which holds it for one short call, and with the collector, which only tries it.
     SELECT coalesce(array_agg(c.name ORDER BY c.id), '{}'), coalesce(array_agg(c.id ORDER BY c.id), '{}'),
            coalesce(array_agg(c ORDER BY c.id) FILTER (WHERE c.max_size IS NOT NULL), '{}')
       INTO v_names, v_channel_ids, v_bounded
@@ -220,6 +222,7 @@ DECLARE
     v_due_at timestamptz := coalesce(p_dequeue_at, v_now);
     v_queue_id integer;
     v_channel fairq.channel;
+    v_settling boolean;  -- a call is deciding whether the channel goes idle
     v_wakes boolean;  -- the message brings its channel's turn forward: a wake is queued
     v_id bigint;
 BEGIN
@@ -233,6 +236,10 @@ BEGIN
     -- lock exclusively).
     PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
                                          fairq.producer_lock_key(v_queue_id, p_channel));
+    -- Then the settle lock, before the row is read: while it is held the channel
+    -- stays as due as read here (fairq.channels_wake, which also queues the wake
+    -- when it is not).
+    v_settling := NOT fairq.settle_lock_try_shared(v_queue_id, p_channel);
     SELECT * INTO v_channel FROM fairq.channel c WHERE c.queue_id = v_queue_id AND c.name = p_channel;
     IF v_channel.id IS NULL THEN
         SELECT * INTO v_channel FROM fairq.channels_for_producer(v_queue_id, ARRAY[p_channel]);
@@ -261,7 +268,7 @@ BEGIN
         ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         RETURNING fairq.message.id INTO v_id;
         IF v_id IS NOT NULL THEN
-            v_wakes := fairq.needs_wake(v_channel.due_at, v_due_at, v_now)
+            v_wakes := (v_settling OR fairq.needs_wake(v_channel.due_at, v_due_at, v_now))
                        AND cardinality(fairq.channels_wake(ARRAY[v_channel.id], ARRAY[v_due_at], v_now)) > 0;
             IF fairq.events_wanted(v_wakes) THEN
                 PERFORM fairq.notify_event('created', v_queue_id, p_channel, v_id, v_due_at);

@@ -7,16 +7,17 @@
 --     rows only with SKIP LOCKED, or by waiting while it holds no other lock, and
 --     advisory locks only by trying, so fairq calls do not wait for one another in a
 --     cycle (a dequeue that buries a message may still wait for a bounded channel's
---     size row);
+--     size row). The settle lock is only ever tried, never waited for, so it has no
+--     place in that order;
 --   * every advisory lock is transaction-level and two-key: (class, key). Two-key
 --     locks never collide with one-key ones, so fairq shares the advisory lock
 --     space with applications; two channels whose keys collide only cost an extra
 --     wait or a skipped clean-up, never correctness.
 
 -- The producer lock of a channel, keyed by queue and name: producers hold it shared
--- while they insert; a call about to make the channel less eligible (going idle,
--- collection) tries it exclusively; channel_set and channel_clear wait for it
--- exclusively. Class 1717660018 is 'fair' in ASCII.
+-- while they insert; the collector tries it exclusively before it removes the
+-- channel; channel_set, channel_clear and the pause calls wait for it exclusively.
+-- Class 1717660018 is 'fair' in ASCII.
 CREATE FUNCTION fairq.producer_lock_class() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1717660018 $$;
@@ -36,9 +37,18 @@ CREATE FUNCTION fairq.policy_lock_key(p_channel_id bigint) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT hashint8(p_channel_id) $$;
 
+-- The settle lock of a channel, keyed like its producer lock: a call about to make
+-- the channel less eligible (nothing due now, or nothing at all) tries it
+-- exclusively; a producer whose message needs no wake tries it shared, and queues a
+-- wake anyway when that fails (fairq.channels_wake). Nobody waits for it, so a
+-- producer never waits for a dequeue.
+CREATE FUNCTION fairq.settle_lock_class() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1717660020 $$;
+
 -- True when no producer is inserting into the channel right now. On true, holds the
 -- producer lock exclusively until commit, so producers that arrive later wait for
--- this transaction and then see what it decided.
+-- this transaction and then see what it decided (the collector's test).
 CREATE FUNCTION fairq.channel_quiet(p_queue_id integer, p_channel text) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
@@ -46,4 +56,25 @@ BEGIN
     RETURN pg_try_advisory_xact_lock(fairq.producer_lock_class(),
                                      fairq.producer_lock_key(p_queue_id, p_channel));
 END
+$$;
+
+-- True when no producer that relies on the channel staying due holds its settle lock;
+-- on true, holds it exclusively until commit (fairq.settled_due_at).
+CREATE FUNCTION fairq.settle_lock_try(p_queue_id integer, p_channel text) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RETURN pg_try_advisory_xact_lock(fairq.settle_lock_class(),
+                                     fairq.producer_lock_key(p_queue_id, p_channel));
+END
+$$;
+
+-- For a producer: true when no call is settling the channel right now. On true, holds
+-- the settle lock shared until commit, so no call makes the channel less eligible
+-- before this transaction's messages are seen.
+CREATE FUNCTION fairq.settle_lock_try_shared(p_queue_id integer, p_channel text) RETURNS boolean
+LANGUAGE sql
+AS $$
+    SELECT pg_try_advisory_xact_lock_shared(fairq.settle_lock_class(),
+                                            fairq.producer_lock_key(p_queue_id, p_channel))
 $$;

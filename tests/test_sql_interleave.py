@@ -32,6 +32,7 @@ from sqlq import (
     create_many,
     dequeue,
     dequeue_one,
+    drain,
     problems,
     travel,
 )
@@ -533,3 +534,57 @@ def test_a_call_that_waited_for_a_busy_channel_releases_at_its_new_clock(
     assert sorted(d.content for d in got) == [b"second", b"waiting"]
     second_release = conn.execute(released).fetchone()[0]  # type: ignore[index]
     assert second_release - first_release >= timedelta(milliseconds=60_000)
+
+
+# -- Producers never wait for dequeues; batch dequeues never wait for each other -------
+
+@pytest.mark.parametrize("batch", [False, True], ids=["one message", "batch"])
+@pytest.mark.parametrize("outcome", ["commits", "rolls back"])
+def test_a_producer_does_not_wait_for_a_dequeue_that_drained_its_channel(
+        dsn: str, conn: Conn, other: Conn, batch: bool, outcome: str) -> None:
+    """A dequeue that serves a channel's last message decides, under the channel's
+    settle lock, that the channel goes idle, and keeps that lock until it commits. A
+    producer that puts a message on the channel meanwhile does not wait for it: it
+    finds the lock taken and queues a wake, committed with its message. Whether the
+    dequeue then commits (the channel idle) or rolls back (the channel due again),
+    the message is delivered, once. (0.7.1 made the producer wait for the dequeue's
+    commit.)"""
+    create(conn, "x", b"first")
+    with other.transaction():
+        assert [d.content for d in dequeue(other)] == [b"first"]  # x drained: settling
+
+        def produce(c: Conn) -> int | None:
+            if batch:
+                return create_many(c, ["x"])[0][1]
+            return create(c, "x", b"x")[0]
+        producer = Background(dsn, produce)
+        assert producer.finishes_without_waiting_for(other), \
+            "the producer must not wait for the dequeue settling its channel"
+        second = producer.join()
+        if outcome == "rolls back":
+            raise psycopg.Rollback()
+    got = drain(conn)
+    expected = [b"x"] if outcome == "commits" else [b"first", b"x"]
+    assert sorted(d.content for d in got) == expected
+    assert second in [d.id for d in got]
+    assert problems(conn) == []
+
+
+def test_concurrent_batch_dequeues_take_the_wakes_after_each_others(
+        dsn: str, conn: Conn, other: Conn) -> None:
+    """Sixty idle channels are woken. A batch dequeue of 40 holds the first 40 (its
+    transaction open); a second, of 20, reads the wakes in windows of 20 + 32: the
+    first has only 12 free channels, so it reads on and gets its 20 at once, from the
+    other channels, without waiting. (0.7.1 read one window and answered with 12.)"""
+    names = [f"t{i:02d}" for i in range(60)]
+    create_many(conn, names)
+    with open_transaction(other):
+        first = dequeue(other, n=40)
+        assert len(first) == 40
+        second = Background(dsn, lambda c: dequeue(c, n=20))
+        assert second.finishes_without_waiting_for(other), \
+            "the second dequeue must read past the wakes the first one holds"
+        got = second.join()
+    assert len(got) == 20
+    assert sorted(channels_of(first) + channels_of(got)) == names
+    assert problems(conn) == []
