@@ -89,7 +89,7 @@ RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_window_size CONSTANT integer := p_limit + 32;
+    v_window_size CONSTANT integer := p_limit + 8;
     v_taken bigint[] := '{}';
     v_seen bigint[] := '{}';   -- channels of the windows read so far
     v_wanted integer := p_limit;  -- eligible channels still to take

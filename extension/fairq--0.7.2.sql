@@ -1198,7 +1198,7 @@ $$;
 -- For a dequeue of queue p_queue_id, before it picks (fairq.join_rotation): the
 -- channels whose queued wakes it takes, their rows locked. p_waiting are the
 -- channels already waiting to join that the caller holds (their waits are over, the
--- earliest first). It reads the due wakes in windows of p_limit + 32 (by due and
+-- earliest first). It reads the due wakes in windows of p_limit + 8 (by due and
 -- woken time: an index range, so a burst of wakes costs each dequeue no more). Of a
 -- window's channels it takes those that, with p_waiting, are the p_limit eligible
 -- earliest (so the pick sees every channel whose turn is among the next p_limit, and
@@ -1216,7 +1216,7 @@ RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_window_size CONSTANT integer := p_limit + 32;
+    v_window_size CONSTANT integer := p_limit + 8;
     v_taken bigint[] := '{}';
     v_seen bigint[] := '{}';   -- channels of the windows read so far
     v_wanted integer := p_limit;  -- eligible channels still to take

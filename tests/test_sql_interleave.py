@@ -573,9 +573,10 @@ def test_a_producer_does_not_wait_for_a_dequeue_that_drained_its_channel(
 def test_concurrent_batch_dequeues_take_the_wakes_after_each_others(
         dsn: str, conn: Conn, other: Conn) -> None:
     """Sixty idle channels are woken. A batch dequeue of 40 holds the first 40 (its
-    transaction open); a second, of 20, reads the wakes in windows of 20 + 32: the
-    first has only 12 free channels, so it reads on and gets its 20 at once, from the
-    other channels, without waiting. (0.7.1 read one window and answered with 12.)"""
+    transaction open); a second, of 20, reads the wakes in windows of 20 + 8: the
+    first has no free channel, the second 16, so it reads a third and gets its 20 at
+    once, from the other channels, without waiting. (0.7.1 read one window, of
+    20 + 32 wakes, and answered with the 12 free ones.)"""
     names = [f"t{i:02d}" for i in range(60)]
     create_many(conn, names)
     with open_transaction(other):
