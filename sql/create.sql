@@ -226,20 +226,23 @@ DECLARE
     v_wakes boolean;  -- the message brings its channel's turn forward: a wake is queued
     v_id bigint;
 BEGIN
-    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
-    PERFORM fairq.require(p_content, 'p_content');
-    PERFORM fairq.require_dedup_key(p_dedup_key, 'p_dedup_key');
-    PERFORM fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
-    v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
+    -- (Each statement costs; the checks are one, in argument order.)
+    PERFORM fairq.require_channel_name(p_channel, 'p_channel'), fairq.require(p_content, 'p_content'),
+            fairq.require_dedup_key(p_dedup_key, 'p_dedup_key'),
+            fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
+    SELECT q.id INTO v_queue_id FROM fairq.queue q WHERE q.name = p_queue;
+    IF NOT FOUND THEN
+        v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
+    END IF;
     -- The producer lock first, as in the batch path: under it the row read next
     -- cannot be collected, and its max_size cannot change (channel_set takes the
-    -- lock exclusively).
-    PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
-                                         fairq.producer_lock_key(v_queue_id, p_channel));
-    -- Then the settle lock, before the row is read: while it is held the channel
-    -- stays as due as read here (fairq.channels_wake, which also queues the wake
-    -- when it is not).
-    v_settling := NOT fairq.settle_lock_try_shared(v_queue_id, p_channel);
+    -- lock exclusively). Then the settle lock (the subquery is taken first), before
+    -- the row is read: while it is held the channel stays as due as read here
+    -- (fairq.channels_wake, which also queues the wake when it is not).
+    SELECT NOT fairq.settle_lock_try_shared(v_queue_id, p_channel) INTO v_settling
+      FROM (SELECT pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
+                                                fairq.producer_lock_key(v_queue_id, p_channel))
+            OFFSET 0) AS producer_lock;
     SELECT * INTO v_channel FROM fairq.channel c WHERE c.queue_id = v_queue_id AND c.name = p_channel;
     IF v_channel.id IS NULL THEN
         SELECT * INTO v_channel FROM fairq.channels_for_producer(v_queue_id, ARRAY[p_channel]);
@@ -273,7 +276,9 @@ BEGIN
             IF fairq.events_wanted(v_wakes) THEN
                 PERFORM fairq.notify_event('created', v_queue_id, p_channel, v_id, v_due_at);
             END IF;
-            RETURN QUERY SELECT v_id, 'created'::text;
+            id := v_id;
+            status := 'created';
+            RETURN NEXT;
             RETURN;
         END IF;
         -- Another producer committed the same dedup key since the lookup.

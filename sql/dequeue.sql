@@ -225,7 +225,10 @@ AS $$
 DECLARE
     v_now timestamptz := fairq.clock();
     v_lock interval := fairq.ms(fairq.require_duration(p_lock_ms, 1, 'p_lock_ms'));
-    v_queue fairq.queue;
+    v_queue_id integer;
+    v_paused_until timestamptz;
+    v_expired boolean;  -- the queue's earliest lock has expired
+    v_joiners boolean;  -- fairq.join_rotation has channels to let join
     v_wait_until timestamptz;
     v_picked bigint[];
     v_picked_names text[];
@@ -235,7 +238,6 @@ DECLARE
     v_ids bigint[];
     v_served bigint[];
     v_served_names text[];
-    v_due_ats timestamptz[];  -- of the served channels: when their next pending message is due
     v_visited bigint[] := '{}';
     v_turn_seqs bigint[];
     v_pos integer;
@@ -246,20 +248,34 @@ DECLARE
     v_uneven boolean;  -- the round may end before the last channel picked
 BEGIN
     PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
-    SELECT * INTO v_queue FROM fairq.queue q WHERE q.name = fairq.require_channel_name(p_queue, 'p_queue');
-    IF v_queue.id IS NULL THEN
+    -- The queue, and two questions about it, in one statement (each statement costs):
+    --   * has its earliest lock expired (one probe of message_locked_ix)?
+    --   * would fairq.join_rotation find anything: a channel whose wait is over, or a
+    --     queued wake? On a busy queue every due channel is already in the rotation,
+    --     and two probes cost less than the call.
+    SELECT q.id, q.paused_until,
+           (SELECT m.id FROM fairq.message m
+             WHERE m.queue_id = q.id AND m.status = 'locked' AND m.locked_until <= v_now
+             ORDER BY m.locked_until LIMIT 1) IS NOT NULL,
+           EXISTS (SELECT 1 FROM fairq.channel c
+                    WHERE c.queue_id = q.id
+                      AND c.turn_at > fairq.in_rotation() AND c.turn_at <= v_now)
+           OR EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = q.id)
+      INTO v_queue_id, v_paused_until, v_expired, v_joiners
+      FROM fairq.queue q WHERE q.name = p_queue;
+    IF NOT FOUND THEN
+        PERFORM fairq.require_channel_name(p_queue, 'p_queue');
         RETURN;  -- nobody has named this queue yet: nothing in it
     END IF;
-    -- Step 1, when the earliest lock has expired (one probe of message_locked_ix).
-    IF (SELECT m.id FROM fairq.message m
-         WHERE m.queue_id = v_queue.id AND m.status = 'locked' AND m.locked_until <= v_now
-         ORDER BY m.locked_until LIMIT 1) IS NOT NULL THEN
-        v_holds_locks := fairq.recover_expired(v_queue.id, v_now, p_max_messages) > 0 OR v_holds_locks;
+    -- Step 1. (A recovered message's channel may now wait to join.)
+    IF v_expired AND fairq.recover_expired(v_queue_id, v_now, p_max_messages) > 0 THEN
+        v_holds_locks := true;
+        v_joiners := true;
     END IF;
-    IF v_queue.paused_until > v_now THEN
+    IF v_paused_until > v_now THEN
         v_count := p_max_messages;  -- a paused queue hands nothing out
-    ELSE
-        v_holds_locks := fairq.join_rotation(v_queue.id, v_now, p_max_messages) OR v_holds_locks;
+    ELSIF v_joiners THEN
+        v_holds_locks := fairq.join_rotation(v_queue_id, v_now, p_max_messages) OR v_holds_locks;
     END IF;
 
     WHILE v_count < p_max_messages LOOP
@@ -270,11 +286,16 @@ BEGIN
                -- Only different weights, or a channel still waiting to join, can end a
                -- round early (fairq.round_length).
                count(*) > 1 AND (bool_or(p.turn_at <> fairq.in_rotation())
-                                 OR min(p.weight) <> max(p.weight))
-          INTO v_picked, v_picked_names, v_attempts_capped, v_uneven
+                                 OR min(p.weight) <> max(p.weight)),
+               -- The turn_seq of each picked channel, taken in pick order: served or
+               -- not, each takes its next turn in the order n single dequeues would
+               -- give it.
+               coalesce(array_agg(nextval('fairq.turn_seq') ORDER BY p.turn_at, p.turn_pass, p.turn_seq),
+                        '{}')
+          INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs
           FROM (SELECT c.id, c.name, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts
                   FROM fairq.channel c
-                 WHERE c.queue_id = v_queue.id AND c.turn_at <= v_now AND c.id <> ALL (v_visited)
+                 WHERE c.queue_id = v_queue_id AND c.turn_at <= v_now AND c.id <> ALL (v_visited)
                  ORDER BY c.turn_at, c.turn_pass, c.turn_seq
                  LIMIT p_max_messages - v_count
                    FOR NO KEY UPDATE SKIP LOCKED) p;
@@ -286,7 +307,7 @@ BEGIN
             IF NOT v_clock_fresh THEN
                 v_now := fairq.clock();
                 v_clock_fresh := true;
-                v_holds_locks := fairq.join_rotation(v_queue.id, v_now, p_max_messages - v_count)
+                v_holds_locks := fairq.join_rotation(v_queue_id, v_now, p_max_messages - v_count)
                                  OR v_holds_locks;
                 CONTINUE;
             END IF;
@@ -297,13 +318,13 @@ BEGIN
             v_wait_until := coalesce(v_wait_until, clock_timestamp() + coalesce(
                 nullif(current_setting('fairq.dequeue_busy_wait', true), '')::interval,
                 interval '200 ms'));
-            EXIT WHEN NOT fairq.wait_for_release(v_queue.id, v_wait_until);
+            EXIT WHEN NOT fairq.wait_for_release(v_queue_id, v_wait_until);
             -- The call we waited for may have applied a wake, or left one free to apply,
             -- and gave its channel a turn at its own clock. This call goes on with a new
             -- clock: a channel that joins the rotation now is served at that clock, never
             -- at the one read before the wait (a rate limit counts from the release).
             v_now := fairq.clock();
-            v_holds_locks := fairq.join_rotation(v_queue.id, v_now, p_max_messages - v_count);
+            v_holds_locks := fairq.join_rotation(v_queue_id, v_now, p_max_messages - v_count);
             v_clock_fresh := false;
             CONTINUE;
         END IF;
@@ -321,14 +342,12 @@ BEGIN
             v_pos := fairq.round_length(v_turn_ats, v_passes, v_weights);
             v_picked := v_picked[1 : v_pos];
             v_picked_names := v_picked_names[1 : v_pos];
+            v_turn_seqs := v_turn_seqs[1 : v_pos];
         END IF;
         -- Wakes still queued for the picked channels happened before this serve.
         IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_picked)) THEN
             PERFORM fairq.fold_wakes(v_picked);
         END IF;
-        -- The turn_seq of each picked channel, in pick order: served or not, each
-        -- takes its next turn in the order n single dequeues would give it.
-        v_turn_seqs := ARRAY(SELECT nextval('fairq.turn_seq') FROM generate_series(1, cardinality(v_picked)));
 
         -- Step 3.
         UPDATE fairq.message m SET status = 'ready'
@@ -365,18 +384,10 @@ BEGIN
               FROM locked l
              ORDER BY array_position(v_ids, l.id);
 
-        -- Step 4. A served channel with nothing more due now is looked at again under
-        -- its producer lock before it goes idle or waits (fairq.settled_due_at).
-        v_due_ats := ARRAY(SELECT p.due_at
-                             FROM unnest(v_served) WITH ORDINALITY AS s(channel_id, pos)
-                            CROSS JOIN LATERAL fairq.pending_due_at(s.channel_id) p
-                            ORDER BY s.pos);
-        FOR v_pos IN 1 .. cardinality(v_served) LOOP
-            CONTINUE WHEN v_due_ats[v_pos] <= v_now;
-            v_due_ats[v_pos] := fairq.settled_due_at(v_served[v_pos], v_queue.id,
-                                                     v_served_names[v_pos], v_now);
-        END LOOP;
-        -- Then every served channel is written once (turns.sql: fairq.served_turn_at).
+        -- Step 4. Every served channel is written once (turns.sql: fairq.served_turn_at),
+        -- with the due time of its next pending message; one with nothing more due now
+        -- is looked at again under its settle lock before it goes idle or waits
+        -- (fairq.settled_due_at, which reads in a snapshot of its own).
         UPDATE fairq.channel c
                SET in_flight = c.in_flight + fairq.slots(c.max_concurrency, 1),
                    last_release_at = v_now,
@@ -387,22 +398,31 @@ BEGIN
                    turn_given_at = CASE WHEN n.turn_at = fairq.in_rotation() THEN v_now END,
                    turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL,
                                                   v_turn_seqs[array_position(v_picked, c.id)])
-              FROM (SELECT x.channel_id, x.due_at,
+              FROM (SELECT x.row_ctid, x.due_at,
                            fairq.served_turn_at(x.turn_at, x.next_turn, v_now) AS turn_at
-                      FROM (SELECT s.channel_id, s.due_at, k.turn_at,
-                                   fairq.next_turn(NULL, s.due_at, v_now, k.release_interval_ms,
+                      FROM (SELECT k.ctid AS row_ctid, d.due_at, k.turn_at,
+                                   fairq.next_turn(NULL, d.due_at, v_now, k.release_interval_ms,
                                                    k.in_flight + 1, k.max_concurrency,
                                                    k.paused_until, v_now) AS next_turn
-                              FROM unnest(v_served, v_due_ats) AS s(channel_id, due_at)
-                             CROSS JOIN LATERAL (SELECT k.* FROM fairq.channel k
+                              FROM unnest(v_served, v_served_names) AS s(channel_id, name)
+                             CROSS JOIN LATERAL (SELECT k.ctid, k.* FROM fairq.channel k
                                                   WHERE k.id = s.channel_id OFFSET 0) k
+                             CROSS JOIN LATERAL (
+                                   SELECT CASE WHEN p.due_at <= v_now THEN p.due_at
+                                               ELSE fairq.settled_due_at(s.channel_id, v_queue_id,
+                                                                         s.name, v_now) END AS due_at
+                                     FROM (SELECT p.due_at FROM fairq.pending_due_at(s.channel_id) AS p
+                                           OFFSET 0) p
+                                   OFFSET 0) d
                             OFFSET 0) x
                     OFFSET 0) n
                -- (Every OFFSET 0 keeps its subquery apart: the channels are looked up one
-               -- by one, by id; and next_turn and served_turn_at get plain columns, since
-               -- a SQL function is inlined only when an argument it reads twice is cheap:
-               -- planned again at every row, they made this statement five times slower.)
-             WHERE c.id = ANY (v_served) AND c.id = n.channel_id;
+               -- by one, by id, and written where they were read (this call holds them,
+               -- so the row a ctid names is current); and next_turn and served_turn_at
+               -- get plain columns, since a SQL function is inlined only when an argument
+               -- it reads twice is cheap: planned again at every row, they made this
+               -- statement five times slower.)
+             WHERE c.ctid = n.row_ctid;
         -- Picked channels that had nothing to hand out, in pick order.
         FOR v_pos IN 1 .. cardinality(v_picked) LOOP
             CONTINUE WHEN v_picked[v_pos] = ANY (v_served);

@@ -39,9 +39,10 @@ AS $$ SELECT hashint8(p_channel_id) $$;
 
 -- The settle lock of a channel, keyed like its producer lock: a call about to make
 -- the channel less eligible (nothing due now, or nothing at all) tries it
--- exclusively; a producer whose message needs no wake tries it shared, and queues a
--- wake anyway when that fails (fairq.channels_wake). Nobody waits for it, so a
--- producer never waits for a dequeue.
+-- exclusively; a producer tries it shared (message_create for every message, the
+-- batch path for each channel whose messages need no wake), and queues a wake anyway
+-- when that fails (fairq.channels_wake). Nobody waits for it, so a producer never
+-- waits for a dequeue.
 CREATE FUNCTION fairq.settle_lock_class() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1717660020 $$;
