@@ -279,9 +279,10 @@ BEGIN
     END IF;
 
     WHILE v_count < p_max_messages LOOP
-        -- Step 2.
-        SELECT coalesce(array_agg(p.id ORDER BY p.turn_at, p.turn_pass, p.turn_seq), '{}'),
-               coalesce(array_agg(p.name ORDER BY p.turn_at, p.turn_pass, p.turn_seq), '{}'),
+        -- Step 2. (The aggregates take the rows in the order the subquery gives them,
+        -- the rotation order: PostgreSQL's sorted-subquery idiom, without a sort of
+        -- their own.)
+        SELECT coalesce(array_agg(p.id), '{}'), coalesce(array_agg(p.name), '{}'),
                coalesce(bool_or(p.max_attempts IS NOT NULL), false),
                -- Only different weights, or a channel still waiting to join, can end a
                -- round early (fairq.round_length).
@@ -290,8 +291,7 @@ BEGIN
                -- The turn_seq of each picked channel, taken in pick order: served or
                -- not, each takes its next turn in the order n single dequeues would
                -- give it.
-               coalesce(array_agg(nextval('fairq.turn_seq') ORDER BY p.turn_at, p.turn_pass, p.turn_seq),
-                        '{}')
+               coalesce(array_agg(nextval('fairq.turn_seq')), '{}')
           INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs
           FROM (SELECT c.id, c.name, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts
                   FROM fairq.channel c
@@ -358,17 +358,18 @@ BEGIN
         IF v_attempts_capped THEN
             PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
         END IF;
-        SELECT coalesce(array_agg(h.id ORDER BY p.pos), '{}'),
-               coalesce(array_agg(p.channel_id ORDER BY p.pos), '{}'),
-               coalesce(array_agg(p.name ORDER BY p.pos), '{}')
+        SELECT coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.channel_id), '{}'),
+               coalesce(array_agg(x.name), '{}')
           INTO v_ids, v_served, v_served_names
-          FROM unnest(v_picked, v_picked_names) WITH ORDINALITY AS p(channel_id, name, pos)
-         CROSS JOIN LATERAL (
-               SELECT m.id FROM fairq.message m
-                WHERE m.channel_id = p.channel_id AND m.status = 'ready'
-                ORDER BY m.priority DESC, m.dequeue_at, m.id
-                LIMIT 1
-                  FOR UPDATE SKIP LOCKED) h;
+          FROM (SELECT h.id, p.channel_id, p.name
+                  FROM unnest(v_picked, v_picked_names) WITH ORDINALITY AS p(channel_id, name, pos)
+                 CROSS JOIN LATERAL (
+                       SELECT m.id FROM fairq.message m
+                        WHERE m.channel_id = p.channel_id AND m.status = 'ready'
+                        ORDER BY m.priority DESC, m.dequeue_at, m.id
+                        LIMIT 1
+                          FOR UPDATE SKIP LOCKED) h
+                 ORDER BY p.pos) x;
         -- The heads are locked: they are handed out, in pick order.
         RETURN QUERY
             WITH locked AS (
