@@ -230,10 +230,7 @@ BEGIN
     PERFORM fairq.require_channel_name(p_channel, 'p_channel'), fairq.require(p_content, 'p_content'),
             fairq.require_dedup_key(p_dedup_key, 'p_dedup_key'),
             fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
-    SELECT q.id INTO v_queue_id FROM fairq.queue q WHERE q.name = p_queue;
-    IF NOT FOUND THEN
-        v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
-    END IF;
+    v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
     -- The producer lock first, as in the batch path: under it the row read next
     -- cannot be collected, and its max_size cannot change (channel_set takes the
     -- lock exclusively). Then the settle lock (the subquery is taken first), before

@@ -22,14 +22,18 @@ BEGIN
 END
 $$;
 
--- The id of queue p_queue, created on first use.
+-- The id of queue p_queue, created on first use. Every producer call asks, so a known
+-- name is one lookup: it needs no check (only valid names are stored); an unknown one
+-- is checked (as argument p_name) before it is created.
 CREATE FUNCTION fairq.queue_for_producer(p_queue text, p_name text) RETURNS integer
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_id integer := (fairq.queue_lookup(p_queue, p_name)).id;
+    v_id integer;
 BEGIN
-    IF v_id IS NULL THEN
+    SELECT q.id INTO v_id FROM fairq.queue q WHERE q.name = p_queue;
+    IF NOT FOUND THEN
+        PERFORM fairq.require_channel_name(p_queue, p_name);
         INSERT INTO fairq.queue (name) VALUES (p_queue) ON CONFLICT (name) DO NOTHING;
         SELECT q.id INTO v_id FROM fairq.queue q WHERE q.name = p_queue;
     END IF;
