@@ -27,7 +27,7 @@ from fairq.bench.output import clean, table
 from fairq.bench.plots import write_plots
 from fairq.bench.suite import SCENARIOS
 from fairq.bench.targets import targets
-from fairq.bench.throughput import _gatekeeper
+from fairq.bench.throughput import _gatekeeper, sustained
 from fairq.cluster import Cluster
 
 KEYS = (
@@ -160,6 +160,13 @@ def test_targets_resolve_nested_keys_and_relative_thresholds() -> None:
     assert targets(results)["held_snapshot_ratio"]["met"] is None
     assert "batched_vs_floor" not in {key for key, _, _ in bench.TARGETS}
     assert "batched_msgs_per_s" not in {key for key, _, _ in bench.TARGETS}
+
+
+def test_a_run_is_not_credited_with_the_backlog_it_drained() -> None:
+    # Producers slower than consumers: the prefilled backlog eaten into is not throughput.
+    assert sustained(consumed=3150, produced=1580) == 1580
+    # Producers faster (the gate holds the backlog): what was consumed.
+    assert sustained(consumed=11278, produced=13138) == 11278
 
 
 def test_churn_tenants_come_and_go() -> None:

@@ -12,8 +12,8 @@ Every scenario is measured in the same run as its reference, on the same server:
   snapshot, and fairq's batched cycle over ``wide_channels`` (1,000) channels. The
   same method is applied to floor, FIFO and fairq: producers pause while the backlog
   is at ``throughput_backlog`` (a steady state, see ``fairq.bench.throughput``), and
-  messages consumed = sequence advance minus backlog growth, over the measured
-  seconds;
+  the rate is messages consumed (sequence advance minus backlog growth), but no more
+  than were produced, over the measured seconds;
 * dequeue latency (one client, Python, sequential calls): median against queue depth
   and against the number of non-empty channels;
 * fairness (Python threads): p99 create → dequeue wait of light tenants with and

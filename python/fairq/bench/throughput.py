@@ -27,7 +27,7 @@ from fairq.bench.sizes import Sizes
 from fairq.bench.threads import Threads
 from fairq.bench.workloads import channel_number, consumer_script, producer_script
 
-__all__ = ["describe", "held_snapshot", "throughput", "top_statements"]
+__all__ = ["describe", "held_snapshot", "sustained", "throughput", "top_statements"]
 
 
 _COUNTERS = {
@@ -44,6 +44,17 @@ def _counts(conn: Conn, kind: str) -> tuple[int, int]:
                         f" FROM {seq}")
     left = scalar(conn, f"SELECT count(*) FROM {table}")
     return int(made), int(left)
+
+
+def sustained(consumed: int, produced: int) -> int:
+    """The messages a run counts: those consumed, but no more than were produced.
+
+    A queue's throughput is the rate at which messages go through it. When producers
+    are the slower side, consumers also eat into the prefilled backlog, and counting
+    that would credit the run with messages nobody produced in it: a rate that lasts
+    only until the backlog is gone. The gate bounds the other side (a backlog that
+    grows is not counted)."""
+    return min(consumed, produced)
 
 
 def _prefill(dsn: str, kind: str, sizes: Sizes) -> None:
@@ -126,7 +137,8 @@ def throughput(bench: Pgbench, kind: str, sizes: Sizes, batched: bool,
     consumed = produced - (left1 - left0)
     # pgbench's -T window (its own clock), not the connection set-up around it.
     window = float(seconds) if elapsed > seconds else elapsed
-    return {"msgs_per_s": consumed / window, "produced_per_s": produced / window,
+    return {"msgs_per_s": sustained(consumed, produced) / window,
+            "consumed_per_s": consumed / window, "produced_per_s": produced / window,
             "consumed": consumed, "produced": produced, "seconds": window,
             "backlog_before": left0, "backlog_after": left1,
             "pgbench": {"producer": pgbench_summary(outputs[0]),
@@ -160,4 +172,5 @@ def describe(key: str, result: dict[str, Any]) -> str:
     """The progress line of one throughput run."""
     return (f"  {key}: {result['msgs_per_s']:,.0f} msgs/s"
             f" (produced {result['produced_per_s']:,.0f}/s,"
+            f" consumed {result['consumed_per_s']:,.0f}/s,"
             f" backlog {result['backlog_before']:,} -> {result['backlog_after']:,})")
