@@ -193,12 +193,18 @@ BEGIN
              WHERE u.status = 'created'
              GROUP BY u.channel_id) e;
 
-    -- A message wakes workers only where its channel's turn moved earlier.
-    PERFORM fairq.notify_event('created', v_queue_id, c.name, min(u.id), min(coalesce(u.dequeue_at, v_now)))
-       FROM unnest(v_channel_of, v_ids, v_statuses, p_dequeue_ats) AS u(channel_id, id, status, dequeue_at)
-       JOIN unnest(v_names, v_channel_ids) AS c(name, id) ON c.id = u.channel_id
-      WHERE u.status = 'created' AND fairq.events_wanted(c.id = ANY (v_woken))
-      GROUP BY c.name;
+    -- A message wakes workers only where its channel's turn moved earlier, and only
+    -- when one may sleep (asked once per call).
+    IF fairq.events_wanted(cardinality(v_woken) > 0) THEN
+        IF fairq.worker_sleeps(v_queue_id) THEN
+            PERFORM fairq.notify_event('created', v_queue_id, c.name, min(u.id),
+                                       min(coalesce(u.dequeue_at, v_now)))
+               FROM unnest(v_channel_of, v_ids, v_statuses, p_dequeue_ats) AS u(channel_id, id, status, dequeue_at)
+               JOIN unnest(v_names, v_channel_ids) AS c(name, id) ON c.id = u.channel_id
+              WHERE u.status = 'created' AND fairq.events_wanted(c.id = ANY (v_woken))
+              GROUP BY c.name;
+        END IF;
+    END IF;
 
     RETURN QUERY SELECT g.i::integer, v_ids[g.i], v_statuses[g.i] FROM generate_series(1, v_count) AS g(i);
 END
@@ -271,7 +277,9 @@ BEGIN
             v_wakes := (v_settling OR fairq.needs_wake(v_channel.due_at, v_due_at, v_now))
                        AND cardinality(fairq.channels_wake(ARRAY[v_channel.id], ARRAY[v_due_at], v_now)) > 0;
             IF fairq.events_wanted(v_wakes) THEN
-                PERFORM fairq.notify_event('created', v_queue_id, p_channel, v_id, v_due_at);
+                IF fairq.worker_sleeps(v_queue_id) THEN
+                    PERFORM fairq.notify_event('created', v_queue_id, p_channel, v_id, v_due_at);
+                END IF;
             END IF;
             id := v_id;
             status := 'created';

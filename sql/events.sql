@@ -3,17 +3,32 @@
 -- Invariants:
 --   * events are hints sent from inside the caller's transaction, so listeners hear
 --     of a message only once it is committed; by default only calls that make work
---     available send one (see fairq.events_wanted), payloads stay small, and
+--     available send one (see fairq.events_wanted), and only while a worker of the
+--     queue sleeps (the doorbell, below); payloads stay small, and
 --     `SET fairq.events = off` silences them;
+--   * the doorbell (fairq.events = doorbell, the default) loses no wake: a worker
+--     about to sleep holds its queue's doorbell (shared, on its own session:
+--     fairq.doorbell_hold), then asks whether a call is between making work
+--     available and committing (fairq.doorbell_quiet tries the producing lock
+--     exclusively), and only after a quiet answer looks for work one last time and
+--     sleeps. A call that made work available takes the producing lock shared, held
+--     until it commits, then tries the doorbell exclusively and sends its event only
+--     when that fails (fairq.worker_sleeps; it also sends it when the producing lock
+--     is refused, which only a worker holding the doorbell does, for an instant). So
+--     either it tried after the worker took the doorbell, and its event wakes the
+--     worker, or it tried before and held the producing lock since, so the worker's
+--     quiet answer came after its commit and the last look sees its work. Both locks
+--     are only ever tried: nobody waits for them;
 --   * with `fairq.history = on`, every message that leaves the queue (completed,
 --     dead, cancelled) leaves exactly one row in fairq.message_history;
 --   * a dead letter keeps everything needed to put the message back.
 
--- Whether a call should send its event. fairq.events = 'wake' (the default; 'on' too)
--- sends only the events that may wake a sleeping worker: the call made work
--- available that was not (p_wakes). 'all' sends every event, 'off' none. Every
--- NOTIFY holds a database-wide lock from commit until its WAL is flushed, so events
--- that wake nobody are what serialises a busy queue's commits.
+-- Whether a call should send its event. fairq.events = 'doorbell' (the default) and
+-- 'wake' ('on' too) send only the events that may wake a sleeping worker: the call
+-- made work available that was not (p_wakes); with 'doorbell' the caller then also
+-- asks fairq.worker_sleeps. 'all' sends every event, 'off' none. Every NOTIFY holds
+-- a database-wide lock from commit until its WAL is flushed, so events that wake
+-- nobody are what serialises a busy queue's commits.
 CREATE FUNCTION fairq.events_wanted(p_wakes boolean) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
@@ -24,7 +39,96 @@ AS $$
            END
 $$;
 
--- Sends one event; callers ask fairq.events_wanted first. Workers filter by queue.
+-- For a call about to send wake events of queue p_queue_id (fairq.events_wanted said
+-- yes): whether a worker of the queue may be asleep. With fairq.events = 'doorbell'
+-- (or unset) that is whether a worker holds the queue's doorbell; the producing lock
+-- taken first is held until commit (see this file's header). Other settings: true.
+-- (The doorbell is tried at session level and let go at once: held to commit, it
+-- would make concurrent producers take each other for sleeping workers.)
+CREATE FUNCTION fairq.worker_sleeps(p_queue_id integer) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_key integer;
+BEGIN
+    IF coalesce(current_setting('fairq.events', true), '') NOT IN ('', 'doorbell') THEN
+        RETURN true;
+    END IF;
+    v_key := fairq.queue_lock_key((SELECT q.name FROM fairq.queue q WHERE q.id = p_queue_id));
+    -- Refused only while a worker that holds the doorbell asks whether it is quiet:
+    -- then that worker listens, and the event is for it.
+    IF NOT pg_try_advisory_xact_lock_shared(fairq.producing_lock_class(), v_key) THEN
+        RETURN true;
+    END IF;
+    IF pg_try_advisory_lock(fairq.doorbell_lock_class(), v_key) THEN
+        PERFORM pg_advisory_unlock(fairq.doorbell_lock_class(), v_key);
+        RETURN false;
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- For a worker of queue p_queue about to sleep, holding the doorbell
+-- (fairq.doorbell_hold): quiet is true when no call is between making work available
+-- and committing, so one more dequeue sees everything no event will announce; when
+-- false, ask again shortly. next_turn_at: the earliest time a channel of the queue
+-- waits for (a scheduled message, a rate limit, a pause's end), which may come with
+-- no event at all: the worker sleeps no longer than that.
+CREATE FUNCTION fairq.doorbell_quiet(p_queue text DEFAULT 'default')
+RETURNS TABLE(quiet boolean, next_turn_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_key integer := fairq.queue_lock_key(fairq.require_channel_name(p_queue, 'p_queue'));
+BEGIN
+    -- (Held to the end of the caller's transaction, so a cancel cannot leave it
+    -- behind; producers only try it, and while it is held they send their events.)
+    quiet := pg_try_advisory_xact_lock(fairq.producing_lock_class(), v_key);
+    -- (A new snapshot: after the producing lock was tried.) Nothing is served before
+    -- the queue's pause ends; a pause until resumed ('infinity') sets no time.
+    SELECT nullif(GREATEST(LEAST((SELECT min(c.turn_at) FROM fairq.channel c
+                                   WHERE c.queue_id = q.id AND c.turn_at > fairq.in_rotation()),
+                                 (SELECT min(GREATEST(w.due_at, w.woken_at)) FROM fairq.channel_wake w
+                                   WHERE w.queue_id = q.id)),
+                           q.paused_until), 'infinity')
+      INTO next_turn_at
+      FROM fairq.queue q WHERE q.name = p_queue;
+    RETURN NEXT;
+END
+$$;
+
+-- A worker of queue p_queue about to sleep holds the queue's doorbell on its session,
+-- so that calls making work available send their events, and asks
+-- fairq.doorbell_quiet. It only tries, never waits: held is false while a producer
+-- has the doorbell for the instant of its own try (then quiet is false too: ask
+-- again shortly). Hold it once per sleep; fairq.doorbell_release lets go.
+CREATE FUNCTION fairq.doorbell_hold(p_queue text DEFAULT 'default')
+RETURNS TABLE(held boolean, quiet boolean, next_turn_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    held := pg_try_advisory_lock_shared(fairq.doorbell_lock_class(),
+                                        fairq.queue_lock_key(fairq.require_channel_name(p_queue, 'p_queue')));
+    SELECT d.quiet AND held, d.next_turn_at INTO quiet, next_turn_at FROM fairq.doorbell_quiet(p_queue) AS d;
+    RETURN NEXT;
+END
+$$;
+
+-- The worker is busy again: calls stop sending it events. False (and PostgreSQL's
+-- warning) if it held nothing.
+CREATE FUNCTION fairq.doorbell_release(p_queue text DEFAULT 'default') RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN pg_advisory_unlock_shared(fairq.doorbell_lock_class(),
+                                     fairq.queue_lock_key(fairq.require_channel_name(p_queue, 'p_queue')));
+END
+$$;
+
+-- Sends one event; callers ask fairq.events_wanted (and fairq.worker_sleeps) first. Workers filter by queue.
 CREATE FUNCTION fairq.notify_event(p_event text, p_queue_id integer, p_channel text, p_id bigint,
                                    p_dequeue_at timestamptz)
 RETURNS void
@@ -70,3 +174,10 @@ BEGIN
     PERFORM fairq.channel_resize(p_channel, -1, false);
 END
 $$;
+
+COMMENT ON FUNCTION fairq.doorbell_hold(text) IS
+    'For a worker of queue p_queue about to sleep: holds the queue''s doorbell on this session (held), so that calls making work available send their events, and says whether no such call is mid-transaction (quiet: then dequeue once more before sleeping) and when the earliest waiting channel may be served (next_turn_at).';
+COMMENT ON FUNCTION fairq.doorbell_quiet(text) IS
+    'For a worker holding the doorbell of queue p_queue whose last answer was not quiet: asks again (quiet, next_turn_at).';
+COMMENT ON FUNCTION fairq.doorbell_release(text) IS
+    'For a worker that is busy again: lets go of the doorbell of queue p_queue taken by fairq.doorbell_hold.';

@@ -9,10 +9,12 @@
 --     cycle (a dequeue that buries a message may still wait for a bounded channel's
 --     size row). The settle lock is only ever tried, never waited for, so it has no
 --     place in that order;
---   * every advisory lock is transaction-level and two-key: (class, key). Two-key
---     locks never collide with one-key ones, so fairq shares the advisory lock
---     space with applications; two channels whose keys collide only cost an extra
---     wait or a skipped clean-up, never correctness.
+--   * every advisory lock is two-key: (class, key). Two-key locks never collide with
+--     one-key ones, so fairq shares the advisory lock space with applications; two
+--     channels (or queues) whose keys collide only cost an extra wait, a skipped
+--     clean-up or an extra event, never correctness;
+--   * every advisory lock is transaction-level, except a queue's doorbell, which a
+--     sleeping worker holds on its own session (fairq.doorbell_hold).
 
 -- The producer lock of a channel, keyed by queue and name: producers hold it shared
 -- while they insert; the collector tries it exclusively before it removes the
@@ -79,3 +81,21 @@ AS $$
     SELECT pg_try_advisory_xact_lock_shared(fairq.settle_lock_class(),
                                             fairq.producer_lock_key(p_queue_id, p_channel))
 $$;
+
+-- A queue's doorbell and its "producing" lock, keyed by the queue's name (a worker may
+-- wait on a queue no producer has named yet): a worker about to sleep holds the
+-- doorbell shared, on its session, and then tries the producing lock exclusively; a
+-- call that made work available holds the producing lock shared until commit and
+-- tries the doorbell exclusively, sending its event only when that fails. See
+-- events.sql for why no event is lost.
+CREATE FUNCTION fairq.doorbell_lock_class() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1717660021 $$;
+
+CREATE FUNCTION fairq.producing_lock_class() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1717660022 $$;
+
+CREATE FUNCTION fairq.queue_lock_key(p_queue text) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT hashtext(p_queue) $$;

@@ -53,7 +53,10 @@ AS $$
         'FUNCTION fairq.message_complete_batch(bigint[], bigint[])',
         'FUNCTION fairq.message_defer(bigint, bigint, timestamptz, bytea)',
         'FUNCTION fairq.message_heartbeat(bigint, bigint, bigint)',
-        'FUNCTION fairq.message_fail(bigint, bigint, text)'])
+        'FUNCTION fairq.message_fail(bigint, bigint, text)',
+        'FUNCTION fairq.doorbell_hold(text)',
+        'FUNCTION fairq.doorbell_quiet(text)',
+        'FUNCTION fairq.doorbell_release(text)'])
 $$;
 
 CREATE FUNCTION fairq.grant_observer(p_role regrole) RETURNS void
@@ -74,6 +77,6 @@ REVOKE ALL ON FUNCTION fairq.grant_observer(regrole) FROM PUBLIC;
 COMMENT ON FUNCTION fairq.grant_producer(regrole) IS
     'Lets a role create (single and batch) and cancel messages; it cannot dequeue or read contents.';
 COMMENT ON FUNCTION fairq.grant_worker(regrole) IS
-    'Lets a role dequeue, complete (single and batch), defer, heartbeat and fail messages.';
+    'Lets a role dequeue, complete (single and batch), defer, heartbeat and fail messages, and hold a queue''s doorbell while it sleeps.';
 COMMENT ON FUNCTION fairq.grant_observer(regrole) IS
     'Lets a role read fairq.queues, fairq.channels, fairq.dead_letters and fairq.message_history, and run fairq.check().';

@@ -56,6 +56,9 @@ DECLARE
     v_channel_ids bigint[];
     v_locked bigint[];
     v_woken bigint[];
+    v_event record;
+    v_asked integer;    -- the queue fairq.worker_sleeps was last asked about
+    v_sleeps boolean;
 BEGIN
     PERFORM fairq.require_batch_array(fairq.require(p_ids, 'p_ids'), 'p_ids');
     PERFORM fairq.require_batch_array(fairq.require(p_num_attempts, 'p_num_attempts'), 'p_num_attempts',
@@ -131,10 +134,21 @@ BEGIN
         RETURNING c.id, c.in_flight + g.n >= c.max_concurrency AND c.turn_at IS NOT NULL AS woke
     )
     SELECT coalesce(array_agg(f.id) FILTER (WHERE f.woke), '{}') INTO v_woken FROM freed f;
-    PERFORM fairq.notify_event('completed', c.queue_id, c.name, max(d.id), NULL)
-       FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
-      WHERE c.id = ANY (v_channel_ids) AND fairq.events_wanted(c.id = ANY (v_woken))
-      GROUP BY c.queue_id, c.name;
+    FOR v_event IN
+        SELECT c.queue_id, c.name, max(d.id) AS id
+          FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
+         WHERE c.id = ANY (v_channel_ids) AND fairq.events_wanted(c.id = ANY (v_woken))
+         GROUP BY c.queue_id, c.name
+         ORDER BY c.queue_id
+    LOOP
+        IF v_event.queue_id IS DISTINCT FROM v_asked THEN  -- once per queue
+            v_asked := v_event.queue_id;
+            v_sleeps := fairq.worker_sleeps(v_asked);
+        END IF;
+        IF v_sleeps THEN
+            PERFORM fairq.notify_event('completed', v_event.queue_id, v_event.name, v_event.id, NULL);
+        END IF;
+    END LOOP;
 
     RETURN QUERY
         SELECT u.id,
@@ -177,7 +191,9 @@ BEGIN
     PERFORM fairq.channel_resize(v_channel, -1, false);
     PERFORM fairq.record_history(v_message, v_channel.name, 'completed', v_now);
     IF fairq.events_wanted(coalesce(v_woke, false)) THEN
-        PERFORM fairq.notify_event('completed', v_channel.queue_id, v_channel.name, p_id, NULL);
+        IF fairq.worker_sleeps(v_channel.queue_id) THEN
+            PERFORM fairq.notify_event('completed', v_channel.queue_id, v_channel.name, p_id, NULL);
+        END IF;
     END IF;
     RETURN 'completed';
 END
@@ -211,7 +227,9 @@ BEGIN
     v_channel := fairq.channel_lock(v_message.channel_id);
     PERFORM fairq.channel_unlock(v_channel, 1, v_dequeue_at, v_now);
     IF fairq.events_wanted(true) THEN
-        PERFORM fairq.notify_event('deferred', v_channel.queue_id, v_channel.name, p_id, v_dequeue_at);
+        IF fairq.worker_sleeps(v_channel.queue_id) THEN
+            PERFORM fairq.notify_event('deferred', v_channel.queue_id, v_channel.name, p_id, v_dequeue_at);
+        END IF;
     END IF;
     RETURN 'deferred';
 END
@@ -329,7 +347,9 @@ BEGIN
     VALUES (v_dead.id, v_channel.id, 'ready', v_dead.priority, v_now, v_dead.created_at,
             v_dead.content, v_dead.state, v_dead.num_attempts, v_dead.num_attempts, v_channel.queue_id);
     IF fairq.events_wanted(true) THEN
-        PERFORM fairq.notify_event('created', v_channel.queue_id, v_channel.name, v_dead.id, v_now);
+        IF fairq.worker_sleeps(v_channel.queue_id) THEN
+            PERFORM fairq.notify_event('created', v_channel.queue_id, v_channel.name, v_dead.id, v_now);
+        END IF;
     END IF;
     RETURN 'requeued';
 END

@@ -527,9 +527,16 @@ def _events(listener: psycopg.Connection[tuple[object, ...]], dsn: str) -> list[
     raise AssertionError(f"the marker notification never arrived; heard {got}")
 
 
+def _doorbell(conn: psycopg.Connection[tuple[object, ...]], function: str = "doorbell_hold") -> tuple[object, ...]:
+    row = conn.execute(f"SELECT * FROM fairq.{function}('default')").fetchone()
+    assert row is not None
+    return row
+
+
 def test_by_default_events_are_sent_on_commit_when_work_becomes_available(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as c:
         listener.execute("LISTEN fairq")
+        assert _doorbell(listener) == (True, True, None)  # a worker sleeps: events are wanted
         call(c, "channel_set", "capped", 1, 0, None, None)
         mid, _ = create(c, "e", b"1")     # e had nothing: wakes
         create(c, "e", b"2")              # e already had work due: no event
@@ -556,6 +563,87 @@ def test_by_default_events_are_sent_on_commit_when_work_becomes_available(dsn: s
     assert [(e["event"], e["channel"]) for e in got] == [
         ("created", "uncommitted"), ("completed", "capped")]
     assert got[1]["id"] == capped.id
+
+
+def test_with_no_worker_asleep_no_event_is_sent_unless_events_is_wake(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as c:
+        listener.execute("LISTEN fairq")
+        create(c, "a")                    # wakes a, but nobody holds the doorbell
+        assert _events(listener, dsn) == []
+        c.execute("SET fairq.events = wake")  # for listeners that never hold it
+        create(c, "b")
+        assert [e["channel"] for e in _events(listener, dsn)] == ["b"]
+        c.execute("RESET fairq.events")
+        _doorbell(listener)
+        create(c, "c")
+        assert listener.execute("SELECT fairq.doorbell_release('default')").fetchone() == (True,)
+        create(c, "d")
+        assert [e["channel"] for e in _events(listener, dsn)] == ["c"]
+
+
+def test_a_worker_that_heard_quiet_sees_every_message_no_event_announced(dsn: str) -> None:
+    """The doorbell's race: producers that tried the doorbell before the worker held it
+    sent nothing, so the worker must not sleep until their work is visible to it. Every
+    message must be announced by an event or seen by the worker's look after quiet."""
+    with psycopg.connect(dsn, autocommit=True) as worker, \
+            psycopg.connect(dsn, autocommit=True) as p1, psycopg.connect(dsn, autocommit=True) as p2:
+        # The queue exists (a producer that creates it makes others wait for its commit).
+        create(p1, "first")
+        first = dequeue_one(worker)
+        assert first is not None
+        complete(worker, first)
+        worker.execute("LISTEN fairq")
+
+        def look() -> set[int]:
+            got = set()
+            while (d := dequeue_one(worker)) is not None:
+                got.add(d.id)
+            return got
+
+        # The worker follows the protocol: hold, and look once more only after quiet.
+        p1.execute("BEGIN")
+        early, _ = create(p1, "early")    # tries the doorbell before the worker holds it
+        held, quiet, _ = _doorbell(worker)
+        assert held
+        seen = look() if quiet else set()  # after a quiet answer it would sleep
+        p2.execute("BEGIN")
+        late, _ = create(p2, "late")      # tries after: rings
+        p1.execute("COMMIT")
+        p2.execute("COMMIT")
+        while not quiet:                  # both have committed: the next answer is quiet
+            quiet = _doorbell(worker, "doorbell_quiet")[0]
+            seen |= look() if quiet else set()
+        announced = {e["id"] for e in _events(worker, dsn)}
+    assert announced == {late}
+    unannounced_and_unseen = {early, late} - announced - seen
+    assert unannounced_and_unseen == set()
+
+
+def test_a_producer_never_waits_for_a_worker_asking_the_doorbell(dsn: str) -> None:
+    """The worker's try of the producing lock lasts to the end of its transaction;
+    inside a long one, producers go on (and send their events) instead of waiting."""
+    with psycopg.connect(dsn) as worker, psycopg.connect(dsn, autocommit=True) as c, \
+            psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN fairq")
+        assert _doorbell(worker) == (True, True, None)  # in a transaction left open
+        c.execute("SET statement_timeout = '5s'")
+        created, _ = create(c, "a")
+        assert [e["id"] for e in _events(listener, dsn)] == [created]
+        worker.rollback()
+
+
+def test_a_paused_queue_sets_no_wake_up_time_until_resumed(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as worker:
+        create(worker, "a")
+        worker.execute("SELECT fairq.queue_pause('default')")  # until resumed: 'infinity'
+        assert _doorbell(worker)[2] is None
+
+
+def test_a_sleeping_worker_learns_when_a_scheduled_message_is_due(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as worker, psycopg.connect(dsn, autocommit=True) as c:
+        due = c.execute("SELECT fairq.clock() + interval '1 hour'").fetchone()[0]  # type: ignore[index]
+        c.execute("SELECT fairq.message_create('later', 'x', %s)", (due,))  # no event: nobody sleeps
+        assert _doorbell(worker)[2] == due
 
 
 def test_events_all_sends_every_event_and_off_none(dsn: str) -> None:

@@ -40,6 +40,9 @@ CALLS = {
     "message_heartbeat": "SELECT fairq.message_heartbeat(-1, 1, 1000)",
     "message_fail": "SELECT fairq.message_fail(-1, 1)",
     "message_cancel": "SELECT fairq.message_cancel(-1)",
+    "doorbell_hold": "SELECT * FROM fairq.doorbell_hold()",
+    "doorbell_quiet": "SELECT * FROM fairq.doorbell_quiet()",
+    "doorbell_release": "SELECT fairq.doorbell_release()",
     "dead_letter_retry": "SELECT fairq.dead_letter_retry(-1)",
     "history_prune": "SELECT fairq.history_prune(now())",
     "grant_producer": "SELECT fairq.grant_producer(current_user::text::regrole)",
@@ -60,7 +63,8 @@ READS = {
 
 PRODUCER_FUNCTIONS = {"message_create", "message_create_batch", "message_cancel"}
 WORKER_FUNCTIONS = {"message_dequeue", "message_complete", "message_complete_batch",
-                    "message_defer", "message_heartbeat", "message_fail"}
+                    "message_defer", "message_heartbeat", "message_fail",
+                    "doorbell_hold", "doorbell_quiet", "doorbell_release"}
 OBSERVER_READS = {"fairq.queues", "fairq.channels", "fairq.dead_letters", "fairq.message_history"}
 
 

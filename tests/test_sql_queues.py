@@ -76,6 +76,7 @@ def test_queues_view_counts_each_queue(conn: Conn) -> None:
 
 def test_history_and_events_name_the_queue(conn: Conn) -> None:
     conn.execute("SET fairq.history = on")
+    conn.execute("SET fairq.events = wake")  # every wake event, whoever sleeps
     conn.execute("LISTEN fairq")
     create(conn, "a", queue="emails")
     payload = json.loads(next(conn.notifies(timeout=5, stop_after=1)).payload)
@@ -84,6 +85,20 @@ def test_history_and_events_name_the_queue(conn: Conn) -> None:
     assert d is not None and complete(conn, d) == "completed"
     assert conn.execute("SELECT queue, channel, outcome FROM fairq.message_history"
                         ).fetchall() == [("emails", "a", "completed")]
+
+
+def test_a_queue_rings_only_its_own_doorbell(dsn: str, conn: Conn) -> None:
+    create(conn, "a", queue="emails")  # both queues exist
+    with psycopg.connect(dsn, autocommit=True) as worker:
+        worker.execute("LISTEN fairq")
+        assert worker.execute("SELECT held, quiet FROM fairq.doorbell_hold('default')"
+                              ).fetchone() == (True, True)
+        create(conn, "b", queue="emails")   # no worker of emails sleeps: no event
+        create(conn, "c")                   # a worker of default sleeps: its event
+        conn.execute("SELECT pg_notify('fairq', 'marker')")
+        heard = [n.payload for n in worker.notifies(timeout=30, stop_after=2)]
+    assert heard[-1] == "marker" and len(heard) == 2
+    assert json.loads(heard[0])["queue"] == "default"
 
 
 def test_a_retried_dead_letter_goes_back_to_its_queue(conn: Conn) -> None:

@@ -36,6 +36,7 @@ PUBLIC_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "Producing": ("message_create", "message_create_batch", "message_cancel"),
     "Consuming": ("message_dequeue", "message_heartbeat", "message_complete",
                   "message_complete_batch", "message_defer", "message_fail"),
+    "Sleeping workers (the doorbell)": ("doorbell_hold", "doorbell_quiet", "doorbell_release"),
     "Dead letters and history": ("dead_letter_retry", "dead_letter_delete", "dead_letter_purge",
                                  "history_prune"),
     "Operating": ("check",),

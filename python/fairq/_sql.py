@@ -203,6 +203,32 @@ def dequeue(lock: timedelta, max_messages: int, *, queue: str) -> Call[list[Row]
         lambda rows: rows)
 
 
+# -- the doorbell (a worker's own session; see fairq._work.Doorbell) --------------------
+
+@dataclass(frozen=True)
+class DoorbellAnswer:
+    held: bool                     # this session holds the queue's doorbell
+    quiet: bool                    # no call is between making work available and commit
+    next_turn_at: datetime | None  # the earliest time a waiting channel may be served
+
+
+def doorbell_hold(queue: str) -> Call[DoorbellAnswer]:
+    return Call("SELECT held, quiet, next_turn_at"
+                " FROM fairq.doorbell_hold(p_queue => %(queue)s::text)",
+                {"queue": queue}, lambda rows: DoorbellAnswer(*rows[0]))
+
+
+def doorbell_quiet(queue: str) -> Call[DoorbellAnswer]:
+    return Call("SELECT true, quiet, next_turn_at"
+                " FROM fairq.doorbell_quiet(p_queue => %(queue)s::text)",
+                {"queue": queue}, lambda rows: DoorbellAnswer(*rows[0]))
+
+
+def doorbell_release(queue: str) -> Call[None]:
+    return Call("SELECT fairq.doorbell_release(p_queue => %(queue)s::text)", {"queue": queue},
+                _none)
+
+
 def _settle_status(rows: list[Row]) -> SettleStatus:
     return SettleStatus(_scalar(rows))
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from fairq import _sql
 from fairq.periodic import TickResult
 from fairq.types import CreateStatus, ReceivedMessage, SettleStatus
 
@@ -26,11 +27,13 @@ __all__ = [
     "HAND_BACK",
     "SUCCESS",
     "Backoff",
+    "Doorbell",
     "Event",
     "Options",
     "Settlement",
     "Wakeups",
     "after_failure",
+    "doorbell_missing",
     "parse_event",
     "queue_name",
     "report_hand_back",
@@ -182,6 +185,12 @@ class Wakeups:
         log.debug("NOTIFY %s #%s of queue %r: wake", event.event, event.id, event.queue)
         return True
 
+    def expect(self, due: datetime | None, now: datetime) -> None:
+        """A time some work may become due without an event (fairq.doorbell_hold's
+        next_turn_at): the dequeue loop looks again then at the latest."""
+        if due is not None and (self._next_due is None or due < self._next_due):
+            self._next_due = max(due, now)
+
     def idle_timeout(self, now: datetime) -> timedelta:
         """How long to sleep with nothing to do: until the next poll, or until a message
         heard of becomes due, whichever comes first."""
@@ -192,6 +201,70 @@ class Wakeups:
             self._next_due = None
             return timedelta(0)
         return min(self.poll_interval, until_due)
+
+
+class Doorbell:
+    """The worker's side of its queue's doorbell (sql/events.sql). Calls that make
+    work available send their events only while a worker holds the doorbell, so a
+    worker holds it while it waits for work and lets go once a dequeue fills every
+    free slot (then it has nothing to wake up for).
+
+    Before sleeping, a worker holds the doorbell, hears "quiet" (no call is between
+    making work available and committing) and then looks for work once more. Until
+    it hears quiet it looks again after a short pause that doubles up to the poll
+    interval: a producer transaction left open (an enqueue inside a long application
+    transaction) costs a few extra looks, never a message left unannounced."""
+
+    FIRST_PAUSE = timedelta(milliseconds=10)
+
+    def __init__(self, queue: str, poll_interval: timedelta) -> None:
+        self.queue = queue
+        self.poll_interval = poll_interval
+        self.held = False
+        self.quiet = False
+        self._pause = self.FIRST_PAUSE
+
+    def before_sleep(self) -> _sql.Call[_sql.DoorbellAnswer] | None:
+        """What to ask the database before sleeping; None when the worker may sleep."""
+        if self.held and self.quiet:
+            return None
+        return _sql.doorbell_quiet(self.queue) if self.held else _sql.doorbell_hold(self.queue)
+
+    def answered(self, answer: _sql.DoorbellAnswer) -> timedelta | None:
+        """How long to pause before looking for work again; None: look at once (and
+        sleep if that finds nothing)."""
+        self.held = self.held or answer.held
+        if answer.quiet:
+            self.quiet = True
+            self._pause = self.FIRST_PAUSE
+            return None
+        pause = self._pause
+        self._pause = min(self._pause * 2, self.poll_interval)
+        return pause
+
+    def busy(self) -> _sql.Call[None] | None:
+        """Every free slot taken: what lets go of the doorbell (None if not held)."""
+        if not self.held:
+            return None
+        self.lost()
+        return _sql.doorbell_release(self.queue)
+
+    def lost(self) -> None:
+        """The session that held the doorbell is gone (and with it the lock)."""
+        self.held = self.quiet = False
+        self._pause = self.FIRST_PAUSE
+
+
+def doorbell_missing(exc: Exception) -> bool:
+    """Whether the database cannot give this worker a doorbell (an extension before
+    0.7.4, or a role without fairq.grant_worker's newer grants); logs what that means."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate not in ("42883", "42501"):  # undefined_function, insufficient_privilege
+        return False
+    log.warning("no doorbell (%s): this worker hears producers' events only if the"
+                " database sends them to everyone (fairq.events = wake), and else polls"
+                " every poll_interval", exc)
+    return True
 
 
 # -- outcomes -------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 The same worker as :class:`fairq.Worker`, with the same options and every decision
 shared with it (:mod:`fairq._work`): locks heartbeated every ``lock / 3``, back-off
 with jitter on exceptions, dead letters after ``max_attempts``, fenced settlements,
-``NOTIFY fairq`` wake-ups of its own queue with a polling fallback, periodic drivers,
+``NOTIFY fairq`` wake-ups of its own queue with a polling fallback (and the queue's
+doorbell held while it waits for work, on a connection of its own), periodic drivers,
 and a graceful stop. Only the running differs: each message's handler is a task of
 the caller's event loop (at most ``concurrency`` at once), and the dequeue loop,
 heartbeats and LISTEN connection are tasks beside them.
@@ -17,11 +18,11 @@ import signal
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 
-from fairq import _work, periodic
+from fairq import _sql, _work, periodic
 from fairq._work import Backoff, Settlement
 from fairq.aio import AsyncQueue
 from fairq.types import AsyncMessage, SettleStatus
@@ -29,6 +30,7 @@ from fairq.types import AsyncMessage, SettleStatus
 __all__ = ["AsyncWorker"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 log = _work.log
 
 
@@ -58,6 +60,10 @@ class AsyncWorker(Generic[T]):
             concurrency=concurrency, lock=lock, max_attempts=max_attempts, backoff=backoff,
             poll_interval=poll_interval, grace_period=grace_period, listen=listen)
         self._wakeups = _work.Wakeups(_work.queue_name(queue), poll_interval)
+        self._doorbell: _work.Doorbell | None = (
+            _work.Doorbell(_work.queue_name(queue), poll_interval)
+            if listen and queue.conninfo is not None else None)
+        self._doorbell_conn: psycopg.AsyncConnection[Any] | None = None
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None  # while run() runs
         self._wake = asyncio.Event()
@@ -102,6 +108,9 @@ class AsyncWorker(Generic[T]):
             await asyncio.gather(*background, return_exceptions=True)
             restore()
             self._loop = None
+            if self._doorbell_conn is not None:
+                await self._doorbell_conn.close()  # lets go of the doorbell
+                self._doorbell_conn = None
 
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
@@ -150,8 +159,45 @@ class AsyncWorker(Generic[T]):
                 task = asyncio.create_task(self._process(message),
                                            name=f"fairq-message-{message.id}")
                 self._running[message.id] = (message, task)
-            if len(messages) < free:
+            if len(messages) == free:
+                if self._doorbell is not None:
+                    await self._ask_doorbell(self._doorbell.busy())
+            elif await self._may_sleep():
                 await self._wait(self._wakeups.idle_timeout(datetime.now(timezone.utc)))
+
+    async def _may_sleep(self) -> bool:
+        """With the doorbell: hold it and hear "quiet" before sleeping (False: look
+        for work first, after the pause the doorbell asks for)."""
+        if self._doorbell is None:
+            return True
+        answer = await self._ask_doorbell(self._doorbell.before_sleep())
+        if answer is None:
+            return True
+        self._wakeups.expect(answer.next_turn_at, datetime.now(timezone.utc))
+        pause = self._doorbell.answered(answer)
+        if pause is not None:
+            await self._wait(pause)
+        return False
+
+    async def _ask_doorbell(self, call: _sql.Call[R] | None) -> R | None:
+        if call is None or self._doorbell is None:
+            return None
+        try:
+            if self._doorbell_conn is None or self._doorbell_conn.closed:
+                assert self.queue.conninfo is not None  # as the doorbell's creation checked
+                self._doorbell_conn = await psycopg.AsyncConnection.connect(
+                    self.queue.conninfo, autocommit=True)
+            cursor = await self._doorbell_conn.execute(call.query, call.params)
+            return call.decode(await cursor.fetchall())
+        except psycopg.Error as exc:
+            if _work.doorbell_missing(exc):
+                self._doorbell = None
+            else:
+                self._doorbell.lost()
+                if self._doorbell_conn is not None:
+                    await self._doorbell_conn.close()
+                log.warning("doorbell connection failed; polling until it is back", exc_info=True)
+            return None
 
     async def _wait(self, timeout: timedelta) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

@@ -9,6 +9,8 @@
   worker), the SQL answers STALE, nothing changes and the worker logs it.
 - The worker sleeps until ``NOTIFY fairq`` says work arrived in its queue (or a slot
   freed up elsewhere), polling every ``poll_interval`` in case a notification is missed.
+  While it waits for work it holds its queue's doorbell on a connection of its own,
+  so that producers send those notifications (see :class:`fairq._work.Doorbell`).
 - ``stop()`` (or SIGTERM/SIGINT while ``run()`` is in the main thread) stops taking
   work; handlers get ``grace_period`` to finish, then what is still running is
   deferred so another worker picks it up at once instead of after its lock expires.
@@ -28,11 +30,11 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from types import FrameType
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 
-from fairq import _work, periodic
+from fairq import _sql, _work, periodic
 from fairq._work import Backoff, Settlement
 from fairq.queue import Queue
 from fairq.types import Message, SettleStatus
@@ -40,6 +42,7 @@ from fairq.types import Message, SettleStatus
 __all__ = ["Backoff", "Worker"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 log = _work.log
 
 
@@ -65,6 +68,10 @@ class Worker(Generic[T]):
             concurrency=concurrency, lock=lock, max_attempts=max_attempts, backoff=backoff,
             poll_interval=poll_interval, grace_period=grace_period, listen=listen)
         self._wakeups = _work.Wakeups(_work.queue_name(queue), poll_interval)
+        self._doorbell: _work.Doorbell | None = (
+            _work.Doorbell(_work.queue_name(queue), poll_interval)
+            if listen and queue.conninfo is not None else None)
+        self._doorbell_conn: psycopg.Connection[Any] | None = None
         self._stopping = threading.Event()
         self._finished = threading.Event()  # run() is over: background threads quit
         self._wake = threading.Event()
@@ -100,6 +107,8 @@ class Worker(Generic[T]):
         finally:
             self._finished.set()
             restore()
+            if self._doorbell_conn is not None:
+                self._doorbell_conn.close()  # lets go of the doorbell
             # The LISTEN connection closes within one notifies() timeout: when run()
             # returns, the worker holds no connection of its own any more.
             for thread in threads:
@@ -144,8 +153,43 @@ class Worker(Generic[T]):
                     self._in_flight[message.id] = message
             for message in messages:
                 self._todo.put(message)
-            if len(messages) < free:
+            if len(messages) == free:
+                if self._doorbell is not None:
+                    self._ask_doorbell(self._doorbell.busy())
+            elif self._may_sleep():
                 self._wait(self._wakeups.idle_timeout(datetime.now(timezone.utc)))
+
+    def _may_sleep(self) -> bool:
+        """With the doorbell: hold it and hear "quiet" before sleeping (False: look
+        for work first, after the pause the doorbell asks for)."""
+        if self._doorbell is None:
+            return True
+        answer = self._ask_doorbell(self._doorbell.before_sleep())
+        if answer is None:
+            return True
+        self._wakeups.expect(answer.next_turn_at, datetime.now(timezone.utc))
+        pause = self._doorbell.answered(answer)
+        if pause is not None:
+            self._wait(pause)
+        return False
+
+    def _ask_doorbell(self, call: _sql.Call[R] | None) -> R | None:
+        if call is None or self._doorbell is None:
+            return None
+        try:
+            if self._doorbell_conn is None or self._doorbell_conn.closed:
+                assert self.queue.conninfo is not None  # as the doorbell's creation checked
+                self._doorbell_conn = psycopg.connect(self.queue.conninfo, autocommit=True)
+            return call.decode(self._doorbell_conn.execute(call.query, call.params).fetchall())
+        except psycopg.Error as exc:
+            if _work.doorbell_missing(exc):
+                self._doorbell = None
+            else:
+                self._doorbell.lost()
+                if self._doorbell_conn is not None:
+                    self._doorbell_conn.close()
+                log.warning("doorbell connection failed; polling until it is back", exc_info=True)
+            return None
 
     def _wait(self, timeout: timedelta) -> None:
         self._wake.wait(max(0.0, timeout.total_seconds()))
