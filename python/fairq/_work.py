@@ -33,7 +33,6 @@ __all__ = [
     "Settlement",
     "Wakeups",
     "after_failure",
-    "doorbell_missing",
     "parse_event",
     "queue_name",
     "report_hand_back",
@@ -254,17 +253,20 @@ class Doorbell:
         self.held = self.quiet = False
         self._pause = self.FIRST_PAUSE
 
-
-def doorbell_missing(exc: Exception) -> bool:
-    """Whether the database cannot give this worker a doorbell (an extension before
-    0.7.4, or a role without fairq.grant_worker's newer grants); logs what that means."""
-    sqlstate = getattr(exc, "sqlstate", None)
-    if sqlstate not in ("42883", "42501"):  # undefined_function, insufficient_privilege
+    def failed(self, exc: Exception) -> bool:
+        """A call failed; the caller closes its connection (letting go of the lock).
+        True when the database cannot give this worker a doorbell at all (an
+        extension before 0.7.4, or a role without fairq.grant_worker's newer grants):
+        the worker then sleeps as before."""
+        self.lost()
+        # undefined_function, insufficient_privilege
+        if getattr(exc, "sqlstate", None) in ("42883", "42501"):
+            log.warning("no doorbell (%s): this worker hears producers' events only if"
+                        " the database sends them to everyone (fairq.events = wake), and"
+                        " else polls every poll_interval", exc)
+            return True
+        log.warning("doorbell connection failed; polling until it is back", exc_info=exc)
         return False
-    log.warning("no doorbell (%s): this worker hears producers' events only if the"
-                " database sends them to everyone (fairq.events = wake), and else polls"
-                " every poll_interval", exc)
-    return True
 
 
 # -- outcomes -------------------------------------------------------------------------

@@ -190,13 +190,10 @@ class AsyncWorker(Generic[T]):
             cursor = await self._doorbell_conn.execute(call.query, call.params)
             return call.decode(await cursor.fetchall())
         except psycopg.Error as exc:
-            if _work.doorbell_missing(exc):
+            if self._doorbell_conn is not None:
+                await self._doorbell_conn.close()
+            if self._doorbell.failed(exc):
                 self._doorbell = None
-            else:
-                self._doorbell.lost()
-                if self._doorbell_conn is not None:
-                    await self._doorbell_conn.close()
-                log.warning("doorbell connection failed; polling until it is back", exc_info=True)
             return None
 
     async def _wait(self, timeout: timedelta) -> None:

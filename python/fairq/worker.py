@@ -182,13 +182,10 @@ class Worker(Generic[T]):
                 self._doorbell_conn = psycopg.connect(self.queue.conninfo, autocommit=True)
             return call.decode(self._doorbell_conn.execute(call.query, call.params).fetchall())
         except psycopg.Error as exc:
-            if _work.doorbell_missing(exc):
+            if self._doorbell_conn is not None:
+                self._doorbell_conn.close()
+            if self._doorbell.failed(exc):
                 self._doorbell = None
-            else:
-                self._doorbell.lost()
-                if self._doorbell_conn is not None:
-                    self._doorbell_conn.close()
-                log.warning("doorbell connection failed; polling until it is back", exc_info=True)
             return None
 
     def _wait(self, timeout: timedelta) -> None:
