@@ -24,10 +24,17 @@ BEGIN
 END
 $$;
 
+-- The fence: the num_attempts of a message while it is locked, else NULL (which
+-- equals no caller's). Written as one expression, not as "status = 'locked' AND
+-- ...", so that a statement finding a message by id and fencing it is never
+-- planned as a walk through every lock in message_locked_ix.
+CREATE FUNCTION fairq.held_attempts(p_status fairq.message_status, p_num_attempts bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT CASE WHEN p_status = 'locked' THEN p_num_attempts END $$;
+
 -- The message, locked for update, if its caller still holds it (status 'locked' and
--- the caller's num_attempts); else NULL. It is found by id and tested as a row: a
--- statement that says "status = 'locked'" could be planned as a walk through every
--- lock in message_locked_ix.
+-- the caller's num_attempts); else NULL.
 CREATE FUNCTION fairq.held_message(p_id bigint, p_num_attempts bigint) RETURNS fairq.message
 LANGUAGE plpgsql
 AS $$
@@ -173,13 +180,17 @@ DECLARE
     v_channel fairq.channel;
     v_woke boolean := false;
 BEGIN
-    PERFORM fairq.require(p_id, 'p_id');
-    PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
-    v_message := fairq.held_message(p_id, p_num_attempts);
+    PERFORM fairq.require(p_id, 'p_id'), fairq.require(p_num_attempts, 'p_num_attempts');
+    -- The fenced delete locks the message as it removes it: one statement, one row
+    -- lock, where locking first and deleting after would write the row twice.
+    DELETE FROM fairq.message m
+     WHERE m.id = p_id AND fairq.held_attempts(m.status, m.num_attempts) = p_num_attempts
+    RETURNING m.* INTO v_message;
     IF v_message.id IS NULL THEN
         RETURN fairq.miss(p_id, 'stale');
     END IF;
-    DELETE FROM fairq.message WHERE id = p_id;
+    -- (The policy read after the lock, in a statement of its own: a snapshot taken
+    -- before a wait for channel_set would miss the policy it set.)
     PERFORM pg_advisory_xact_lock_shared(fairq.policy_lock_class(), fairq.policy_lock_key(v_message.channel_id));
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     IF v_channel.max_concurrency IS NOT NULL THEN
@@ -188,7 +199,9 @@ BEGIN
         v_woke := v_channel.in_flight = v_channel.max_concurrency AND v_channel.due_at IS NOT NULL;
         PERFORM fairq.channel_unlock(v_channel, 1, NULL, v_now);
     END IF;
-    PERFORM fairq.channel_resize(v_channel, -1, false);
+    IF v_channel.max_size IS NOT NULL THEN
+        PERFORM fairq.channel_resize(v_channel, -1, false);
+    END IF;
     PERFORM fairq.record_history(v_message, v_channel.name, 'completed', v_now);
     IF fairq.events_wanted(coalesce(v_woke, false)) THEN
         IF fairq.worker_sleeps(v_channel.queue_id) THEN

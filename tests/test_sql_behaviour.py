@@ -69,6 +69,19 @@ def test_batch_dequeue_equals_single_dequeues(dsn: str) -> None:
     assert run(batch=True) == run(batch=False)
 
 
+def test_channels_that_join_during_a_batch_wait_behind_the_rotation(conn: Conn) -> None:
+    """Two idle tenants woken after three busy ones were served join the rotation
+    behind them. A batch of two lets both join (their places kept in memory, not in
+    the index) and must still serve the first two of the rotation, which it reads
+    only partly: the joined channels wait for their turns."""
+    create_many(conn, ["a", "a", "b", "b", "c", "c"])
+    assert channels_of(dequeue(conn, n=3)) == ["a", "b", "c"]
+    create_many(conn, ["w1", "w2"])
+    assert channels_of(dequeue(conn, n=2)) == ["a", "b"]
+    assert channels_of(dequeue(conn, n=3)) == ["c", "w1", "w2"]
+    assert problems(conn) == []
+
+
 def test_served_channel_goes_to_the_back(conn: Conn) -> None:
     create_many(conn, ["a", "a", "a"])
     create_many(conn, ["b"])

@@ -140,11 +140,12 @@ def test_plans_cached_while_the_queue_was_empty_stay_index_lookups(server: Serve
                                    " ARRAY['k1', 'k2', 'k3', 'k5', 'k6', 'k7', 'k8', 'k9'])"),
                     plans_of(conn, "SELECT * FROM fairq.message_create('t-3', 'd', p_dedup_key => 'k4')"),
                     plans_of(conn, "SELECT * FROM fairq.message_dequeue(30000, 3)")]
-                got = dequeue(conn, n=5)
-                a, b, c, d, e = got
+                got = dequeue(conn, n=6)
+                a, b, c, d, e, f = got
                 plans += [
                     plans_of(conn, "SELECT * FROM fairq.message_complete_batch(%s, %s)",
                              ([a.id, b.id], [a.num_attempts, b.num_attempts])),
+                    plans_of(conn, "SELECT fairq.message_complete(%s, %s)", (f.id, f.num_attempts)),
                     plans_of(conn, "SELECT fairq.message_defer(%s, %s)", (c.id, c.num_attempts)),
                     plans_of(conn, "SELECT fairq.message_heartbeat(%s, %s, 1000)", (d.id, d.num_attempts)),
                     plans_of(conn, "SELECT fairq.message_fail(%s, %s)", (e.id, e.num_attempts)),
