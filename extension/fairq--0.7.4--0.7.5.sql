@@ -7,6 +7,138 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT CASE WHEN p_status = 'locked' THEN p_num_attempts END $$;
 REVOKE ALL ON FUNCTION fairq.held_attempts(fairq.message_status, bigint) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION fairq.held_message(p_id bigint, p_num_attempts bigint) RETURNS fairq.message
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_message fairq.message;
+BEGIN
+    SELECT * INTO v_message FROM fairq.message WHERE id = p_id FOR UPDATE;
+    IF fairq.held_attempts(v_message.status, v_message.num_attempts) = p_num_attempts THEN
+        RETURN v_message;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fairq.message_complete_batch(p_ids bigint[], p_num_attempts bigint[])
+RETURNS TABLE(id bigint, status text)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_done fairq.message[];
+    v_claimed bigint[];
+    v_channel_ids bigint[];
+    v_locked bigint[];
+    v_woken bigint[];
+    v_event record;
+    v_asked integer;    -- the queue fairq.worker_sleeps was last asked about
+    v_sleeps boolean;
+BEGIN
+    PERFORM fairq.require_batch_array(fairq.require(p_ids, 'p_ids'), 'p_ids');
+    PERFORM fairq.require_batch_array(fairq.require(p_num_attempts, 'p_num_attempts'), 'p_num_attempts',
+                                      cardinality(p_ids), 'p_ids');
+    IF array_position(p_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'p_ids[%] must not be NULL', array_position(p_ids, NULL) USING ERRCODE = '22004';
+    END IF;
+    IF array_position(p_num_attempts, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'p_num_attempts[%] must not be NULL', array_position(p_num_attempts, NULL)
+            USING ERRCODE = '22004';
+    END IF;
+
+    -- Messages first, in id order, then channels in id order: the global lock order.
+    -- Of the locked messages, those the caller still holds are settled; an id listed
+    -- twice is settled by its first occurrence only. (OFFSET 0 keeps the filter out
+    -- of the locking subquery, so messages are found by id, never by reading every
+    -- lock in message_locked_ix.)
+    v_claimed := ARRAY(
+        SELECT m.id
+          FROM (SELECT * FROM fairq.message m WHERE m.id = ANY (p_ids) ORDER BY m.id
+                   FOR UPDATE OFFSET 0) m
+         WHERE fairq.held_attempts(m.status, m.num_attempts) = p_num_attempts[array_position(p_ids, m.id)]);
+    WITH deleted AS (
+        DELETE FROM fairq.message m WHERE m.id = ANY (v_claimed) RETURNING m.*
+    )
+    SELECT coalesce(array_agg(d ORDER BY d.id), '{}') INTO v_done FROM deleted d;
+
+    v_channel_ids := ARRAY(SELECT DISTINCT d.channel_id FROM unnest(v_done) AS d ORDER BY 1);
+    -- The channels' policy locks (shared), so that channel_set cannot change their
+    -- max_concurrency, and recount in_flight, before this commits.
+    PERFORM pg_advisory_xact_lock_shared(fairq.policy_lock_class(), fairq.policy_lock_key(u.id))
+       FROM unnest(v_channel_ids) AS u(id);
+    -- Only a capped channel needs its row, to free slots. Every other completion
+    -- leaves its channel's row alone, so workers completing one tenant's messages do
+    -- not queue behind each other, behind its dequeues or behind its producers.
+    v_locked := ARRAY(
+        SELECT c.id FROM fairq.channel c
+         WHERE c.id = ANY (v_channel_ids) AND c.max_concurrency IS NOT NULL
+         ORDER BY c.id
+           FOR NO KEY UPDATE);
+    IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_locked)) THEN
+        PERFORM fairq.fold_wakes(v_locked);
+    END IF;
+    IF EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL) THEN
+        PERFORM 1 FROM fairq.channel_size s WHERE s.channel_id = ANY (v_channel_ids)
+         ORDER BY s.channel_id FOR UPDATE;
+        UPDATE fairq.channel_size s SET size = s.size - g.n
+          FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) g
+         WHERE s.channel_id = ANY (v_channel_ids) AND s.channel_id = g.channel_id;
+    END IF;
+    PERFORM fairq.record_history(d, c.name, 'completed', v_now)
+       FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
+      WHERE c.id = ANY (v_channel_ids) AND coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1');
+
+    -- Free the capped channels' slots (the set-based form of fairq.channel_unlock). A
+    -- freed slot wakes workers where the channel was full and has work waiting.
+    WITH freed AS (
+        UPDATE fairq.channel c
+           SET in_flight = c.in_flight - g.n,
+               turn_at = g.turn_at,  -- the keep-turn rule (turns.sql)
+               turn_pass = fairq.kept_place(c.turn_at, g.turn_at, c.turn_pass),
+               turn_given_at = fairq.kept_place(c.turn_at, g.turn_at, c.turn_given_at),
+               turn_seq = fairq.kept_turn_seq(c.turn_at, g.turn_at, c.turn_seq, nextval('fairq.turn_seq'))
+          FROM (SELECT k.id AS channel_id, d.n,
+                       fairq.next_turn(k.turn_at, k.due_at, k.last_release_at, k.release_interval_ms,
+                                       k.in_flight - d.n, k.max_concurrency, k.paused_until, v_now) AS turn_at
+                  FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) d
+                 CROSS JOIN LATERAL (SELECT k.* FROM fairq.channel k  -- by id, one by one
+                                      WHERE k.id = d.channel_id OFFSET 0) k
+                 WHERE k.id = ANY (v_locked)
+                OFFSET 0) g
+         WHERE c.id = ANY (v_locked) AND c.id = g.channel_id
+        RETURNING c.id, c.in_flight + g.n >= c.max_concurrency AND c.turn_at IS NOT NULL AS woke
+    )
+    SELECT coalesce(array_agg(f.id) FILTER (WHERE f.woke), '{}') INTO v_woken FROM freed f;
+    FOR v_event IN
+        SELECT c.queue_id, c.name, max(d.id) AS id
+          FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
+         WHERE c.id = ANY (v_channel_ids) AND fairq.events_wanted(c.id = ANY (v_woken))
+         GROUP BY c.queue_id, c.name
+         ORDER BY c.queue_id
+    LOOP
+        IF v_event.queue_id IS DISTINCT FROM v_asked THEN  -- once per queue
+            v_asked := v_event.queue_id;
+            v_sleeps := fairq.worker_sleeps(v_asked);
+        END IF;
+        IF v_sleeps THEN
+            PERFORM fairq.notify_event('completed', v_event.queue_id, v_event.name, v_event.id, NULL);
+        END IF;
+    END LOOP;
+
+    RETURN QUERY
+        SELECT u.id,
+               CASE WHEN d.id IS NOT NULL AND u.i = min(u.i) OVER (PARTITION BY u.id) THEN 'completed'
+                    ELSE fairq.miss(u.id, 'stale') END
+          FROM unnest(p_ids) WITH ORDINALITY AS u(id, i)
+          LEFT JOIN unnest(v_done) AS d ON d.id = u.id
+         ORDER BY u.i;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION fairq.message_complete(p_id bigint, p_num_attempts bigint) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -37,9 +169,7 @@ BEGIN
         v_woke := v_channel.in_flight = v_channel.max_concurrency AND v_channel.due_at IS NOT NULL;
         PERFORM fairq.channel_unlock(v_channel, 1, NULL, v_now);
     END IF;
-    IF v_channel.max_size IS NOT NULL THEN
-        PERFORM fairq.channel_resize(v_channel, -1, false);
-    END IF;
+    PERFORM fairq.channel_resize(v_channel, -1, false);
     PERFORM fairq.record_history(v_message, v_channel.name, 'completed', v_now);
     IF fairq.events_wanted(coalesce(v_woke, false)) THEN
         IF fairq.worker_sleeps(v_channel.queue_id) THEN

@@ -2428,9 +2428,9 @@ END
 $$;
 
 -- The fence: the num_attempts of a message while it is locked, else NULL (which
--- equals no caller's). Written as one expression, not as "status = 'locked' AND
--- ...", so that a statement finding a message by id and fencing it is never
--- planned as a walk through every lock in message_locked_ix.
+-- equals no caller's); every settlement tests it. Written as one expression, not
+-- as "status = 'locked' AND ...", so that a statement finding a message by id and
+-- fencing it is never planned as a walk through every lock in message_locked_ix.
 CREATE FUNCTION fairq.held_attempts(p_status fairq.message_status, p_num_attempts bigint)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -2445,7 +2445,7 @@ DECLARE
     v_message fairq.message;
 BEGIN
     SELECT * INTO v_message FROM fairq.message WHERE id = p_id FOR UPDATE;
-    IF v_message.status = 'locked' AND v_message.num_attempts = p_num_attempts THEN
+    IF fairq.held_attempts(v_message.status, v_message.num_attempts) = p_num_attempts THEN
         RETURN v_message;
     END IF;
     RETURN NULL;
@@ -2490,7 +2490,7 @@ BEGIN
         SELECT m.id
           FROM (SELECT * FROM fairq.message m WHERE m.id = ANY (p_ids) ORDER BY m.id
                    FOR UPDATE OFFSET 0) m
-         WHERE m.status = 'locked' AND m.num_attempts = p_num_attempts[array_position(p_ids, m.id)]);
+         WHERE fairq.held_attempts(m.status, m.num_attempts) = p_num_attempts[array_position(p_ids, m.id)]);
     WITH deleted AS (
         DELETE FROM fairq.message m WHERE m.id = ANY (v_claimed) RETURNING m.*
     )
@@ -2602,9 +2602,7 @@ BEGIN
         v_woke := v_channel.in_flight = v_channel.max_concurrency AND v_channel.due_at IS NOT NULL;
         PERFORM fairq.channel_unlock(v_channel, 1, NULL, v_now);
     END IF;
-    IF v_channel.max_size IS NOT NULL THEN
-        PERFORM fairq.channel_resize(v_channel, -1, false);
-    END IF;
+    PERFORM fairq.channel_resize(v_channel, -1, false);
     PERFORM fairq.record_history(v_message, v_channel.name, 'completed', v_now);
     IF fairq.events_wanted(coalesce(v_woke, false)) THEN
         IF fairq.worker_sleeps(v_channel.queue_id) THEN
