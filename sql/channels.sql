@@ -121,14 +121,18 @@ $$;
 
 -- The channel rows of queue p_queue_id for a producer, created with the default
 -- policy on first use, under each channel's producer lock (shared, taken in name
--- order), which also keeps them from being collected until this transaction ends.
+-- order) or, for a transaction gone bulk, its queue's bulk producer lock: either
+-- keeps them from being collected until this transaction ends.
 CREATE FUNCTION fairq.channels_for_producer(p_queue_id integer, p_names text[]) RETURNS SETOF fairq.channel
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
-                                         fairq.producer_lock_key(p_queue_id, n.name))
-       FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name) ORDER BY u.name) n;
+    IF NOT fairq.producing_in_bulk(p_queue_id, (SELECT count(DISTINCT u.name)::integer
+                                                  FROM unnest(p_names) AS u(name))) THEN
+        PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
+                                             fairq.producer_lock_key(p_queue_id, n.name))
+           FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name) ORDER BY u.name) n;
+    END IF;
     -- A name inserted concurrently is waited for, then left alone: the next
     -- statement's snapshot sees it either way.
     INSERT INTO fairq.channel (queue_id, name, idle_since)
@@ -191,8 +195,8 @@ $$;
 -- its settle lock is tried shared first, and the look that decides comes after, in a
 -- new snapshot. Where that lock is taken (a call is deciding whether the channel goes
 -- idle, and may not see these messages) the wake is queued anyway, and so is it for
--- a channel that needed one at the first look: a second wake is harmless, and the
--- producer never waits. A producer never locks a channel row: one that did, for a
+-- a channel that needed one at the first look, and by a transaction gone bulk (which
+-- takes no channel's lock): a second wake is harmless, and the producer never waits. A producer never locks a channel row: one that did, for a
 -- wake, kept it until commit, so an open producer transaction hid the channel's other
 -- messages from workers and made its completions wait. Returns the channels woken.
 CREATE FUNCTION fairq.channels_wake(p_channel_ids bigint[], p_due_ats timestamptz[],
@@ -205,6 +209,7 @@ DECLARE
 BEGIN
     v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
                        WHERE fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
+                          OR current_setting(fairq.producer_locks_setting(), true) = 'bulk'
                           OR NOT fairq.settle_lock_try_shared(k.queue_id, k.name));
     WITH queued AS (
         INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
@@ -397,10 +402,10 @@ END
 $$;
 
 -- The channel row for a change of policy or pause, created on first use, with its
--- producer lock and then its policy lock held exclusively, then the row itself (its
--- wakes folded in). Waiting out producers mid-insert makes them and channel_size
--- agree on max_size. (The row stays: collecting it would need the producer lock held
--- here.)
+-- producer lock, its queue's bulk producer lock and then its policy lock held
+-- exclusively, then the row itself (its wakes folded in). Waiting out producers
+-- mid-insert, bulk ones too, makes them and channel_size agree on max_size. (The row
+-- stays: collecting it would need the producer lock held here.)
 CREATE FUNCTION fairq.channel_for_policy(p_queue_id integer, p_channel text) RETURNS fairq.channel
 LANGUAGE plpgsql
 AS $$
@@ -408,6 +413,7 @@ DECLARE
     v_channel_id bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock(fairq.producer_lock_class(), fairq.producer_lock_key(p_queue_id, p_channel));
+    PERFORM pg_advisory_xact_lock(fairq.bulk_producer_lock_class(), p_queue_id);
     INSERT INTO fairq.channel (queue_id, name) VALUES (p_queue_id, p_channel)
     ON CONFLICT (queue_id, name) DO NOTHING;
     SELECT c.id INTO v_channel_id FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = p_channel;

@@ -90,9 +90,11 @@ BEGIN
     END IF;
 
     v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
-    -- Take every channel's producer lock (creating the channel on first use); it
-    -- conflicts only with channel_set/channel_clear and the pause calls, each of
-    -- which holds it for one short call, and with the collector, which only tries it.
+    -- Take every channel's producer lock (creating the channel on first use), or past
+    -- fairq.bulk_producer_channels() in this transaction the queue's bulk producer
+    -- lock; they conflict only with channel_set/channel_clear and the pause calls,
+    -- each of which holds them for one short call, and with the collector, which only
+    -- tries them.
     SELECT coalesce(array_agg(c.name ORDER BY c.id), '{}'), coalesce(array_agg(c.id ORDER BY c.id), '{}'),
            coalesce(array_agg(c ORDER BY c.id) FILTER (WHERE c.max_size IS NOT NULL), '{}')
       INTO v_names, v_channel_ids, v_bounded
@@ -241,11 +243,16 @@ BEGIN
     -- cannot be collected, and its max_size cannot change (channel_set takes the
     -- lock exclusively). Then the settle lock (the subquery is taken first), before
     -- the row is read: while it is held the channel stays as due as read here
-    -- (fairq.channels_wake, which also queues the wake when it is not).
-    SELECT NOT fairq.settle_lock_try_shared(v_queue_id, p_channel) INTO v_settling
-      FROM (SELECT pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
-                                                fairq.producer_lock_key(v_queue_id, p_channel))
-            OFFSET 0) AS producer_lock;
+    -- (fairq.channels_wake, which also queues the wake when it is not). A transaction
+    -- gone bulk holds its queue's bulk producer lock instead, and queues the wake.
+    IF current_setting(fairq.producer_locks_setting(), true) = 'bulk' THEN
+        v_settling := fairq.producing_in_bulk(v_queue_id, 0);
+    ELSE
+        SELECT NOT fairq.settle_lock_try_shared(v_queue_id, p_channel) INTO v_settling
+          FROM (SELECT pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
+                                                    fairq.producer_lock_key(v_queue_id, p_channel))
+                OFFSET 0) AS producer_lock;
+    END IF;
     SELECT * INTO v_channel FROM fairq.channel c WHERE c.queue_id = v_queue_id AND c.name = p_channel;
     IF v_channel.id IS NULL THEN
         SELECT * INTO v_channel FROM fairq.channels_for_producer(v_queue_id, ARRAY[p_channel]);

@@ -722,3 +722,35 @@ def test_invariants_hold_after_a_mixed_workload(conn: Conn) -> None:
 def test_tiny_locks_are_valid(conn: Conn, lock_ms: int) -> None:
     create(conn, "t")
     assert len(dequeue(conn, lock_ms=lock_ms)) == 1
+
+
+def advisory_locks(conn: Conn) -> int:
+    row = conn.execute("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid()"
+                       " AND locktype = 'advisory'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_transaction_producing_for_thousands_of_tenants_holds_few_locks(conn: Conn) -> None:
+    """A Spark partition or an import creates messages for thousands of tenants in one
+    transaction. PostgreSQL's lock table is shared and bounded (64 entries per
+    connection by default): a lock per channel held until commit would fill it, and
+    every session's next lock would fail ("out of shared memory"). Past
+    fairq.bulk_producer_channels() channels the transaction holds one lock per queue
+    instead, and every message is still delivered once."""
+    names = [f"small-{i}" for i in range(10)]
+    with conn.transaction():
+        conn.execute("SELECT fairq.message_create_batch(%s, %s)", (names, [b"x"] * 10))
+        assert advisory_locks(conn) >= 10  # one producer lock per channel, so far
+        for chunk in range(3):
+            names = [f"tenant-{chunk}-{i}" for i in range(1_000)]
+            conn.execute("SELECT fairq.message_create_batch(%s, %s)", (names, [b"x"] * 1_000))
+        most = advisory_locks(conn)
+        create(conn, "small-1")
+        create(conn, "one-more")
+        assert advisory_locks(conn) <= most <= 2 * 256 + 5
+    ids = [row[0] for _ in range(4)
+           for row in conn.execute("SELECT id FROM fairq.message_dequeue(30000, 1000)")]
+    assert len(ids) == len(set(ids)) == 10 + 3_000 + 2
+    assert dequeue_one(conn) is None
+    assert problems(conn) == []

@@ -194,6 +194,25 @@ def test_a_small_queue_beside_a_deep_one_reads_only_its_own_rows(loaded: Conn) -
     assert dequeue(loaded, n=10, queue="small") == []  # all three were handed out above
 
 
+def message_scans(conn: Conn, sql: str) -> int:
+    """How many scans of fairq.message running sql takes (this transaction's counts)."""
+    with conn.transaction():
+        conn.execute(sql).fetchall()
+        row = conn.execute("SELECT seq_scan + coalesce(idx_scan, 0) FROM pg_stat_xact_user_tables"
+                           " WHERE relid = 'fairq.message'::regclass").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("sql", ["SELECT * FROM fairq.queues", "SELECT * FROM fairq.check()"])
+def test_operators_overviews_read_the_messages_a_fixed_number_of_times(loaded: Conn, sql: str) -> None:
+    """An operator looks at fairq.queues (the dashboard's front page) or runs
+    fairq.check() on a queue with 10k tenants: each reads the message table a few
+    times in all, not once (or, without an index on the channel alone, wholly) per
+    channel."""
+    assert message_scans(loaded, sql) <= 5
+
+
 def channel_updates(conn: Conn) -> int:
     """How many channel row versions updates have written in this database so far:
     the session's pending statistics are flushed first (PostgreSQL 15 and later flush

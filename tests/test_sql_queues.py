@@ -74,6 +74,36 @@ def test_queues_view_counts_each_queue(conn: Conn) -> None:
     assert dead == [("emails", "a", "boom")]
 
 
+def test_queues_view_sums_what_the_channels_view_shows(conn: Conn) -> None:
+    """fairq.queues counts its messages in one pass, not through fairq.channels: both
+    must still agree, channel by channel kind (a policy or a pause and nothing else,
+    an idle channel kept for the collector, future and come-due schedules, in flight,
+    a paused queue)."""
+    conn.execute("SELECT fairq.channel_set('capped', p_max_concurrency => 2, p_queue => 'emails')")
+    conn.execute("SELECT fairq.channel_pause('held', p_queue => 'emails')")
+    create(conn, "idle", queue="emails")
+    d = dequeue_one(conn, queue="emails")
+    assert d is not None and complete(conn, d) == "completed"  # kept idle, not shown
+    create_many(conn, ["a", "a", "b"], queue="emails")
+    create(conn, "soon", queue="emails", dequeue_at=now(conn) + timedelta(seconds=1))
+    create(conn, "later", queue="emails", dequeue_at=now(conn) + timedelta(hours=1))
+    create(conn, "capped", queue="emails")
+    assert dequeue_one(conn, queue="emails") is not None
+    create(conn, "x", queue="reports")
+    conn.execute("SELECT fairq.queue_pause('reports')")
+    conn.execute("SELECT fairq.queue_pause('quiet')")  # named, never used
+    travel(conn, 2_000)
+    summed = conn.execute(
+        "SELECT q.name, count(c.channel), coalesce(sum(c.size), 0), coalesce(sum(c.ready), 0),"
+        "       coalesce(sum(c.scheduled), 0), coalesce(sum(c.in_flight), 0)"
+        "  FROM fairq.queue q LEFT JOIN fairq.channels c ON c.queue = q.name"
+        " GROUP BY q.name ORDER BY q.name").fetchall()
+    viewed = conn.execute("SELECT queue, channels, size, ready, scheduled, in_flight"
+                          " FROM fairq.queues ORDER BY queue").fetchall()
+    assert viewed == summed
+    assert viewed == [("emails", 6, 6, 4, 1, 1), ("quiet", 0, 0, 0, 0, 0), ("reports", 1, 1, 1, 0, 0)]
+
+
 def test_history_and_events_name_the_queue(conn: Conn) -> None:
     conn.execute("SET fairq.history = on")
     conn.execute("SET fairq.events = wake")  # every wake event, whoever sleeps

@@ -223,7 +223,7 @@ def role_summary(conn: Connection) -> tuple[str, bool]:
 
 def queues(conn: Connection, with_oldest: bool) -> list[QueueRow]:
     """Every queue (fairq.queues), with its oldest ready message's wait when readable.
-    The view sums fairq.channels, so its cost grows with the number of channels."""
+    The view reads every message once, so its cost grows with the queues' contents."""
     oldest, join = "NULL::float8", ""
     if with_oldest:
         # One scan of fairq.message for every queue: no index leads with the status.

@@ -1,6 +1,6 @@
 """What the dashboard samples in the background: the queues, every few seconds.
 
-One thread reads ``fairq.queues`` (whose cost grows with the number of channels) once
+One thread reads ``fairq.queues`` (which reads every message once) once
 per interval, however many browsers and scrapers look: the pages and ``/metrics`` read
 the latest :class:`Snapshot`, and an action asks for a fresh one at once. The samples
 of the last hour feed the chart when the history is off. When the history holds rows,
