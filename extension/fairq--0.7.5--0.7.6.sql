@@ -46,6 +46,83 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION fairq.channels_join(p_woken bigint[], p_waiting bigint[], p_queue_id integer,
+                                    p_now timestamptz, p_limit integer)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    -- (Every step below is a scan, a sort or a window over the rows before it, never a
+    -- lookup of one CTE per row of another: that made a join of 100 channels cost
+    -- 10,000 row visits.)
+    WITH taken AS (
+        DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_woken)
+        RETURNING w.channel_id, w.due_at, w.woken_at, w.turn_seq
+    ), folded AS (  -- each wake's turn, applied after the ones queued before it
+        SELECT t.channel_id, t.turn_seq, f.due_at,
+               fairq.next_turn(NULL, f.due_at, c.last_release_at, c.release_interval_ms,
+                               c.in_flight, c.max_concurrency, c.paused_until, t.woken_at) AS turn_at
+          FROM (SELECT t.*, min(t.due_at) OVER (PARTITION BY t.channel_id ORDER BY t.turn_seq) AS due_so_far
+                  FROM taken t) t
+          JOIN fairq.channel c ON c.id = t.channel_id
+         CROSS JOIN LATERAL (SELECT LEAST(c.due_at, t.due_so_far) AS due_at) f
+         WHERE c.id = ANY (p_woken)
+    ), woken AS (  -- per channel: the earliest turn, the earliest due time
+        SELECT DISTINCT ON (f.channel_id) f.channel_id, f.turn_at, f.turn_seq,
+               min(f.due_at) OVER (PARTITION BY f.channel_id) AS due_at
+          FROM folded f
+         ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
+    ), held AS (  -- each channel, as its wakes leave it; pos: its rank among those whose wait is over
+        SELECT h.*,
+               CASE WHEN h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
+                    THEN row_number() OVER (PARTITION BY h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
+                                            ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
+          FROM (SELECT c.id, w.channel_id IS NOT NULL AS woken, coalesce(w.due_at, c.due_at) AS due_at,
+                       n.turn_at,
+                       fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq) AS turn_seq,
+                       fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass) AS turn_pass,
+                       fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at) AS turn_given_at
+                  FROM fairq.channel c
+                  LEFT JOIN woken w ON w.channel_id = c.id
+                 CROSS JOIN LATERAL (SELECT LEAST(c.turn_at, w.turn_at) AS turn_at) n
+                 WHERE c.id = ANY (p_woken || p_waiting)) h
+    ), placed AS (  -- the first p_limit of those join, in that order
+        SELECT p.*, count(*) FILTER (WHERE p.joins AND p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
+          FROM (SELECT h.*, (h.pos <= p_limit) IS TRUE AS joins,
+                       CASE WHEN h.pos <= p_limit THEN nextval('fairq.turn_seq') END AS joined_seq,
+                       -- (Looked up only when some place was given later than its turn:
+                       -- the latest given is one read, once.)
+                       CASE WHEN h.pos <= p_limit
+                             AND h.turn_at < (SELECT max(r.turn_given_at) FROM fairq.channel r
+                                               WHERE r.queue_id = p_queue_id
+                                                 AND r.turn_at = fairq.in_rotation())
+                            THEN (SELECT r.turn_pass FROM fairq.channel r
+                                   WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
+                                     AND r.turn_given_at > h.turn_at
+                                   ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) END AS next_pass
+                  FROM (SELECT h.* FROM held h ORDER BY h.pos OFFSET 0) h) p
+    )
+    UPDATE fairq.channel c
+       SET due_at = p.due_at,
+           idle_since = CASE WHEN NOT p.woken THEN c.idle_since END,  -- a wake brings a due time
+           turn_at = CASE WHEN p.joins THEN fairq.in_rotation() ELSE p.turn_at END,
+           turn_pass = CASE WHEN NOT p.joins THEN p.turn_pass
+                            -- (An empty rotation starts anywhere: passes are only
+                            -- compared within it.)
+                            ELSE coalesce(p.next_pass - 1,
+                                          coalesce((SELECT r.turn_pass FROM fairq.channel r
+                                                     WHERE r.queue_id = p_queue_id
+                                                       AND r.turn_at = fairq.in_rotation()
+                                                     ORDER BY r.turn_pass DESC LIMIT 1), 0)
+                                          + p.back_rank) END,
+           turn_given_at = CASE WHEN p.joins THEN p.turn_at ELSE p.turn_given_at END,
+           turn_seq = coalesce(p.joined_seq, p.turn_seq)
+      FROM placed p
+     WHERE c.id = ANY (p_woken || p_waiting) AND c.id = p.id
+       AND (p.woken OR p.joins);
+END
+$$;
+
 CREATE OR REPLACE FUNCTION fairq.channels_for_producer(p_queue_id integer, p_names text[]) RETURNS SETOF fairq.channel
 LANGUAGE plpgsql
 AS $$
@@ -380,6 +457,253 @@ BEGIN
          WHERE m.channel_id = v_channel.id AND m.dedup_key = p_dedup_key;
     END IF;
     RETURN QUERY SELECT v_id, 'duplicate'::text;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fairq.message_dequeue(p_lock_ms bigint, p_max_messages integer DEFAULT 1,
+                                      p_queue text DEFAULT 'default')
+RETURNS TABLE(id bigint, channel text, content bytea, state bytea, num_attempts bigint,
+              priority integer, dequeue_at timestamptz, recovered boolean)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_lock interval := fairq.ms(fairq.require_duration(p_lock_ms, 1, 'p_lock_ms'));
+    v_queue_id integer;
+    v_paused_until timestamptz;
+    v_expired boolean;  -- the queue's earliest lock has expired
+    v_joiners boolean;  -- fairq.join_rotation has channels to let join
+    v_wait_until timestamptz;
+    v_picked bigint[];
+    v_picked_names text[];
+    v_latest_given timestamptz;  -- the latest turn_given_at of the channels picked
+    v_turn_ats timestamptz[];
+    v_passes bigint[];
+    v_weights integer[];
+    v_ids bigint[];
+    v_served bigint[];
+    v_served_names text[];
+    v_served_seqs bigint[];
+    v_visited bigint[] := '{}';
+    v_turn_seqs bigint[];
+    v_pos integer;
+    v_count integer := 0;
+    v_holds_locks boolean := false;
+    v_clock_fresh boolean := false;  -- v_now was read after the last pick that found something
+    v_attempts_capped boolean;
+    v_uneven boolean;  -- the round may end before the last channel picked
+BEGIN
+    PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
+    -- The queue, and two questions about it, in one statement (each statement costs):
+    --   * has its earliest lock expired (one probe of message_locked_ix)?
+    --   * would fairq.join_rotation find anything: a channel whose wait is over, or a
+    --     queued wake? On a busy queue every due channel is already in the rotation,
+    --     and two probes cost less than the call.
+    SELECT q.id, q.paused_until,
+           (SELECT m.id FROM fairq.message m
+             WHERE m.queue_id = q.id AND m.status = 'locked' AND m.locked_until <= v_now
+             ORDER BY m.locked_until LIMIT 1) IS NOT NULL,
+           EXISTS (SELECT 1 FROM fairq.channel c
+                    WHERE c.queue_id = q.id
+                      AND c.turn_at > fairq.in_rotation() AND c.turn_at <= v_now)
+           OR EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = q.id)
+      INTO v_queue_id, v_paused_until, v_expired, v_joiners
+      FROM fairq.queue q WHERE q.name = p_queue;
+    IF NOT FOUND THEN
+        PERFORM fairq.require_channel_name(p_queue, 'p_queue');
+        RETURN;  -- nobody has named this queue yet: nothing in it
+    END IF;
+    -- Step 1. (A recovered message's channel may now wait to join.)
+    IF v_expired AND fairq.recover_expired(v_queue_id, v_now, p_max_messages) > 0 THEN
+        v_holds_locks := true;
+        v_joiners := true;
+    END IF;
+    IF v_paused_until > v_now THEN
+        v_count := p_max_messages;  -- a paused queue hands nothing out
+    ELSIF v_joiners THEN
+        v_holds_locks := fairq.join_rotation(v_queue_id, v_now, p_max_messages) OR v_holds_locks;
+    END IF;
+
+    WHILE v_count < p_max_messages LOOP
+        -- Step 2. (The aggregates take the rows in the order the subquery gives them,
+        -- the rotation order: PostgreSQL's sorted-subquery idiom, without a sort of
+        -- their own.)
+        SELECT coalesce(array_agg(p.id), '{}'), coalesce(array_agg(p.name), '{}'),
+               coalesce(bool_or(p.max_attempts IS NOT NULL), false),
+               -- Only different weights, or a channel still waiting to join, can end a
+               -- round early (fairq.round_length).
+               count(*) > 1 AND (bool_or(p.turn_at <> fairq.in_rotation())
+                                 OR min(p.weight) <> max(p.weight)),
+               -- The turn_seq of each picked channel, taken in pick order: served or
+               -- not, each takes its next turn in the order n single dequeues would
+               -- give it.
+               coalesce(array_agg(nextval('fairq.turn_seq')), '{}'),
+               max(p.turn_given_at)
+          INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs, v_latest_given
+          FROM (SELECT c.id, c.name, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts,
+                       c.turn_given_at
+                  FROM fairq.channel c
+                 WHERE c.queue_id = v_queue_id AND c.turn_at <= v_now AND c.id <> ALL (v_visited)
+                 ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                 LIMIT p_max_messages - v_count
+                   FOR NO KEY UPDATE SKIP LOCKED) p;
+        IF cardinality(v_picked) = 0 THEN
+            -- A call that read the clock after this one may have served a channel
+            -- meanwhile and given it its next turn at that later clock (so may a
+            -- completion that freed a slot): read the clock again and look once more
+            -- before answering "nothing available" or waiting.
+            IF NOT v_clock_fresh THEN
+                v_now := fairq.clock();
+                v_clock_fresh := true;
+                v_holds_locks := fairq.join_rotation(v_queue_id, v_now, p_max_messages - v_count)
+                                 OR v_holds_locks;
+                CONTINUE;
+            END IF;
+            EXIT WHEN v_holds_locks;
+            -- How long, in all, a call waits for busy channels: the setting
+            -- fairq.dequeue_busy_wait (an interval, default 200 ms). Longer means a user
+            -- transaction holds the channel, and the answer is "nothing available".
+            v_wait_until := coalesce(v_wait_until, clock_timestamp() + coalesce(
+                nullif(current_setting('fairq.dequeue_busy_wait', true), '')::interval,
+                interval '200 ms'));
+            EXIT WHEN NOT fairq.wait_for_release(v_queue_id, v_wait_until);
+            -- The call we waited for may have applied a wake, or left one free to apply,
+            -- and gave its channel a turn at its own clock. This call goes on with a new
+            -- clock: a channel that joins the rotation now is served at that clock, never
+            -- at the one read before the wait (a rate limit counts from the release).
+            v_now := fairq.clock();
+            v_holds_locks := fairq.join_rotation(v_queue_id, v_now, p_max_messages - v_count);
+            v_clock_fresh := false;
+            CONTINUE;
+        END IF;
+        -- A channel that another call gave its place after this one read its clock (at a
+        -- later clock: a rate-limited channel joins at the end of its interval) is
+        -- served at a clock no earlier than that place. The release is recorded at this
+        -- clock, and a rate limit counts from it: with the older clock, two releases
+        -- were recorded closer than release_interval_ms.
+        IF v_latest_given > v_now THEN
+            v_now := fairq.clock();
+        END IF;
+        v_clock_fresh := false;
+        v_holds_locks := true;
+        -- This round serves the channels that single dequeues would serve in a row;
+        -- the others stay locked by this call and are picked again.
+        IF v_uneven THEN
+            SELECT array_agg(c.turn_at ORDER BY p.pos), array_agg(c.turn_pass ORDER BY p.pos),
+                   array_agg(c.weight ORDER BY p.pos)
+              INTO v_turn_ats, v_passes, v_weights
+              FROM unnest(v_picked) WITH ORDINALITY AS p(id, pos)
+             CROSS JOIN LATERAL (SELECT k.turn_at, k.turn_pass, k.weight FROM fairq.channel k
+                                  WHERE k.id = p.id OFFSET 0) c;
+            v_pos := fairq.round_length(v_turn_ats, v_passes, v_weights);
+            v_picked := v_picked[1 : v_pos];
+            v_picked_names := v_picked_names[1 : v_pos];
+            v_turn_seqs := v_turn_seqs[1 : v_pos];
+        END IF;
+        -- Wakes still queued for the picked channels happened before this serve.
+        IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_picked)) THEN
+            PERFORM fairq.fold_wakes(v_picked);
+        END IF;
+
+        -- Step 3.
+        UPDATE fairq.message m SET status = 'ready'
+         WHERE m.id = ANY (ARRAY(SELECT s.id FROM fairq.message s
+                                  WHERE s.channel_id = ANY (v_picked) AND s.status = 'scheduled'
+                                    AND s.dequeue_at <= v_now
+                                    FOR UPDATE SKIP LOCKED));  -- a message being cancelled stays put
+        IF v_attempts_capped THEN
+            PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
+        END IF;
+        SELECT coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.channel_id), '{}'),
+               coalesce(array_agg(x.name), '{}'), coalesce(array_agg(x.turn_seq), '{}')
+          INTO v_ids, v_served, v_served_names, v_served_seqs
+          FROM (SELECT h.id, p.channel_id, p.name, p.turn_seq
+                  FROM unnest(v_picked, v_picked_names, v_turn_seqs)
+                       WITH ORDINALITY AS p(channel_id, name, turn_seq, pos)
+                 CROSS JOIN LATERAL (
+                       SELECT m.id FROM fairq.message m
+                        WHERE m.channel_id = p.channel_id AND m.status = 'ready'
+                        ORDER BY m.priority DESC, m.dequeue_at, m.id
+                        LIMIT 1
+                          FOR UPDATE SKIP LOCKED) h
+                 ORDER BY p.pos) x;
+        -- The heads are locked: they are handed out, in pick order. (Joined to their
+        -- positions, not looked up in the arrays: array_position per row made a call of
+        -- n messages cost n² comparisons.)
+        RETURN QUERY
+            WITH locked AS (
+                UPDATE fairq.message m
+                   SET status = 'locked', locked_until = v_now + v_lock,
+                       num_attempts = m.num_attempts + 1,
+                       first_dequeued_at = coalesce(m.first_dequeued_at, v_now)
+                 WHERE m.id = ANY (v_ids)
+                RETURNING m.*
+            )
+            SELECT l.id, s.name, l.content, l.state, l.num_attempts, l.priority, l.dequeue_at, l.recovered
+              FROM locked l
+              JOIN unnest(v_ids, v_served_names) WITH ORDINALITY AS s(id, name, pos) ON s.id = l.id
+             ORDER BY s.pos;
+
+        -- Step 4. Every served channel is written once (turns.sql: fairq.served_turn_at),
+        -- with the due time of its next pending message; one with nothing more due now
+        -- is looked at again under its settle lock before it goes idle or waits
+        -- (fairq.settled_due_at, which reads in a snapshot of its own).
+        UPDATE fairq.channel c
+               SET in_flight = c.in_flight + fairq.slots(c.max_concurrency, 1),
+                   last_release_at = v_now,
+                   due_at = n.due_at,
+                   idle_since = fairq.idle_since(n.due_at, c.idle_since, v_now),
+                   turn_at = n.turn_at,
+                   turn_pass = fairq.served_turn_pass(n.turn_at, c.turn_pass, c.weight),
+                   turn_given_at = CASE WHEN n.turn_at = fairq.in_rotation() THEN v_now END,
+                   turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL, n.turn_seq)
+              FROM (SELECT x.row_ctid, x.due_at, x.turn_seq,
+                           fairq.served_turn_at(x.turn_at, x.next_turn, v_now) AS turn_at
+                      FROM (SELECT k.ctid AS row_ctid, d.due_at, k.turn_at, s.turn_seq,
+                                   fairq.next_turn(NULL, d.due_at, v_now, k.release_interval_ms,
+                                                   k.in_flight + 1, k.max_concurrency,
+                                                   k.paused_until, v_now) AS next_turn
+                              FROM unnest(v_served, v_served_names, v_served_seqs) AS s(channel_id, name, turn_seq)
+                             CROSS JOIN LATERAL (SELECT k.ctid, k.* FROM fairq.channel k
+                                                  WHERE k.id = s.channel_id OFFSET 0) k
+                             CROSS JOIN LATERAL (
+                                   SELECT CASE WHEN p.due_at <= v_now THEN p.due_at
+                                               ELSE fairq.settled_due_at(s.channel_id, v_queue_id,
+                                                                         s.name, v_now) END AS due_at
+                                     FROM (SELECT p.due_at FROM fairq.pending_due_at(s.channel_id) AS p
+                                           OFFSET 0) p
+                                   OFFSET 0) d
+                            OFFSET 0) x
+                    OFFSET 0) n
+               -- (Every OFFSET 0 keeps its subquery apart: the channels are looked up one
+               -- by one, by id, and written where they were read (this call holds them,
+               -- so the row a ctid names is current); and next_turn and served_turn_at
+               -- get plain columns, since a SQL function is inlined only when an argument
+               -- it reads twice is cheap: planned again at every row, they made this
+               -- statement five times slower.)
+             WHERE c.ctid = n.row_ctid;
+        -- Picked channels that had nothing to hand out, in pick order (the served are
+        -- some of the picked: none when they are as many).
+        IF cardinality(v_served) < cardinality(v_picked) THEN
+            FOR v_pos IN 1 .. cardinality(v_picked) LOOP
+                CONTINUE WHEN v_picked[v_pos] = ANY (v_served);
+                PERFORM fairq.channel_retire(v_picked[v_pos], v_now, v_turn_seqs[v_pos]);
+                v_visited := v_visited || v_picked[v_pos];
+            END LOOP;
+        END IF;
+        v_count := v_count + cardinality(v_ids);
+    END LOOP;
+    -- The collector's turn, if nobody ran it in the last second (its row is taken
+    -- with SKIP LOCKED: no dequeue waits for another's collection).
+    PERFORM FROM fairq.channel_collection k WHERE k.collected_at <= v_now - interval '1 s'
+        FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        UPDATE fairq.channel_collection SET collected_at = v_now;
+        PERFORM fairq.collect_idle_channels(v_now, 1000);
+    END IF;
 END
 $$;
 

@@ -1071,6 +1071,9 @@ RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    -- (Every step below is a scan, a sort or a window over the rows before it, never a
+    -- lookup of one CTE per row of another: that made a join of 100 channels cost
+    -- 10,000 row visits.)
     WITH taken AS (
         DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_woken)
         RETURNING w.channel_id, w.due_at, w.woken_at, w.turn_seq
@@ -1078,67 +1081,64 @@ BEGIN
         SELECT t.channel_id, t.turn_seq, f.due_at,
                fairq.next_turn(NULL, f.due_at, c.last_release_at, c.release_interval_ms,
                                c.in_flight, c.max_concurrency, c.paused_until, t.woken_at) AS turn_at
-          FROM taken t
+          FROM (SELECT t.*, min(t.due_at) OVER (PARTITION BY t.channel_id ORDER BY t.turn_seq) AS due_so_far
+                  FROM taken t) t
           JOIN fairq.channel c ON c.id = t.channel_id
-         CROSS JOIN LATERAL (SELECT LEAST(c.due_at, min(t2.due_at)) AS due_at
-                               FROM taken t2
-                              WHERE t2.channel_id = t.channel_id AND t2.turn_seq <= t.turn_seq) f
+         CROSS JOIN LATERAL (SELECT LEAST(c.due_at, t.due_so_far) AS due_at) f
          WHERE c.id = ANY (p_woken)
     ), woken AS (  -- per channel: the earliest turn, the earliest due time
         SELECT DISTINCT ON (f.channel_id) f.channel_id, f.turn_at, f.turn_seq,
                min(f.due_at) OVER (PARTITION BY f.channel_id) AS due_at
           FROM folded f
          ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
-    ), held AS (  -- each channel, as its wakes leave it
-        SELECT c.id, w.channel_id IS NOT NULL AS woken, coalesce(w.due_at, c.due_at) AS due_at,
-               n.turn_at,
-               fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq) AS turn_seq,
-               fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass) AS turn_pass,
-               fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at) AS turn_given_at
-          FROM fairq.channel c
-          LEFT JOIN woken w ON w.channel_id = c.id
-         CROSS JOIN LATERAL (SELECT LEAST(c.turn_at, w.turn_at) AS turn_at) n
-         WHERE c.id = ANY (p_woken || p_waiting)
-    ), joining AS (
-        SELECT p.*, count(*) FILTER (WHERE p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
-          FROM (SELECT j.id, j.pos, j.turn_at, nextval('fairq.turn_seq') AS turn_seq,
+    ), held AS (  -- each channel, as its wakes leave it; pos: its rank among those whose wait is over
+        SELECT h.*,
+               CASE WHEN h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
+                    THEN row_number() OVER (PARTITION BY h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
+                                            ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
+          FROM (SELECT c.id, w.channel_id IS NOT NULL AS woken, coalesce(w.due_at, c.due_at) AS due_at,
+                       n.turn_at,
+                       fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq) AS turn_seq,
+                       fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass) AS turn_pass,
+                       fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at) AS turn_given_at
+                  FROM fairq.channel c
+                  LEFT JOIN woken w ON w.channel_id = c.id
+                 CROSS JOIN LATERAL (SELECT LEAST(c.turn_at, w.turn_at) AS turn_at) n
+                 WHERE c.id = ANY (p_woken || p_waiting)) h
+    ), placed AS (  -- the first p_limit of those join, in that order
+        SELECT p.*, count(*) FILTER (WHERE p.joins AND p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
+          FROM (SELECT h.*, (h.pos <= p_limit) IS TRUE AS joins,
+                       CASE WHEN h.pos <= p_limit THEN nextval('fairq.turn_seq') END AS joined_seq,
                        -- (Looked up only when some place was given later than its turn:
                        -- the latest given is one read, once.)
-                       CASE WHEN j.turn_at < (SELECT max(r.turn_given_at) FROM fairq.channel r
+                       CASE WHEN h.pos <= p_limit
+                             AND h.turn_at < (SELECT max(r.turn_given_at) FROM fairq.channel r
                                                WHERE r.queue_id = p_queue_id
                                                  AND r.turn_at = fairq.in_rotation())
                             THEN (SELECT r.turn_pass FROM fairq.channel r
                                    WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
-                                     AND r.turn_given_at > j.turn_at
+                                     AND r.turn_given_at > h.turn_at
                                    ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) END AS next_pass
-                  FROM (SELECT h.id, h.turn_at,
-                               row_number() OVER (ORDER BY h.turn_at, h.turn_pass, h.turn_seq) AS pos
-                          FROM held h
-                         WHERE h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
-                         ORDER BY h.turn_at, h.turn_pass, h.turn_seq
-                         LIMIT p_limit) j
-                 ORDER BY j.pos
-                OFFSET 0) p
+                  FROM (SELECT h.* FROM held h ORDER BY h.pos OFFSET 0) h) p
     )
     UPDATE fairq.channel c
-       SET due_at = h.due_at,
-           idle_since = CASE WHEN NOT h.woken THEN c.idle_since END,  -- a wake brings a due time
-           turn_at = CASE WHEN j.id IS NULL THEN h.turn_at ELSE fairq.in_rotation() END,
-           turn_pass = CASE WHEN j.id IS NULL THEN h.turn_pass
+       SET due_at = p.due_at,
+           idle_since = CASE WHEN NOT p.woken THEN c.idle_since END,  -- a wake brings a due time
+           turn_at = CASE WHEN p.joins THEN fairq.in_rotation() ELSE p.turn_at END,
+           turn_pass = CASE WHEN NOT p.joins THEN p.turn_pass
                             -- (An empty rotation starts anywhere: passes are only
                             -- compared within it.)
-                            ELSE coalesce(j.next_pass - 1,
+                            ELSE coalesce(p.next_pass - 1,
                                           coalesce((SELECT r.turn_pass FROM fairq.channel r
                                                      WHERE r.queue_id = p_queue_id
                                                        AND r.turn_at = fairq.in_rotation()
                                                      ORDER BY r.turn_pass DESC LIMIT 1), 0)
-                                          + j.back_rank) END,
-           turn_given_at = CASE WHEN j.id IS NULL THEN h.turn_given_at ELSE j.turn_at END,
-           turn_seq = coalesce(j.turn_seq, h.turn_seq)
-      FROM held h
-      LEFT JOIN joining j ON j.id = h.id
-     WHERE c.id = ANY (p_woken || p_waiting) AND c.id = h.id
-       AND (h.woken OR j.id IS NOT NULL);
+                                          + p.back_rank) END,
+           turn_given_at = CASE WHEN p.joins THEN p.turn_at ELSE p.turn_given_at END,
+           turn_seq = coalesce(p.joined_seq, p.turn_seq)
+      FROM placed p
+     WHERE c.id = ANY (p_woken || p_waiting) AND c.id = p.id
+       AND (p.woken OR p.joins);
 END
 $$;
 
@@ -2033,7 +2033,9 @@ COMMENT ON FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], i
 --      channels first in the rotation (by pass), as many as messages are still
 --      wanted: one scan of channel_turn_ix (queue_id, turn_at, turn_pass, turn_seq). Channels at max_concurrency, rate-limited,
 --      paused or with nothing due are not in the rotation, so they cost nothing.
---      SKIP LOCKED spreads concurrent dequeues over channels. A pick that finds
+--      SKIP LOCKED spreads concurrent dequeues over channels. A channel placed in
+--      the rotation after this call read its clock is served at a fresh clock (its
+--      release is recorded at that clock). A pick that finds
 --      nothing reads the clock again and picks once more: a call that started later
 --      may have served a channel meanwhile and made it wait until that later time.
 --      If every eligible channel is busy with another call, a call that holds no lock
@@ -2249,12 +2251,14 @@ DECLARE
     v_wait_until timestamptz;
     v_picked bigint[];
     v_picked_names text[];
+    v_latest_given timestamptz;  -- the latest turn_given_at of the channels picked
     v_turn_ats timestamptz[];
     v_passes bigint[];
     v_weights integer[];
     v_ids bigint[];
     v_served bigint[];
     v_served_names text[];
+    v_served_seqs bigint[];
     v_visited bigint[] := '{}';
     v_turn_seqs bigint[];
     v_pos integer;
@@ -2308,9 +2312,11 @@ BEGIN
                -- The turn_seq of each picked channel, taken in pick order: served or
                -- not, each takes its next turn in the order n single dequeues would
                -- give it.
-               coalesce(array_agg(nextval('fairq.turn_seq')), '{}')
-          INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs
-          FROM (SELECT c.id, c.name, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts
+               coalesce(array_agg(nextval('fairq.turn_seq')), '{}'),
+               max(p.turn_given_at)
+          INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs, v_latest_given
+          FROM (SELECT c.id, c.name, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts,
+                       c.turn_given_at
                   FROM fairq.channel c
                  WHERE c.queue_id = v_queue_id AND c.turn_at <= v_now AND c.id <> ALL (v_visited)
                  ORDER BY c.turn_at, c.turn_pass, c.turn_seq
@@ -2345,6 +2351,14 @@ BEGIN
             v_clock_fresh := false;
             CONTINUE;
         END IF;
+        -- A channel that another call gave its place after this one read its clock (at a
+        -- later clock: a rate-limited channel joins at the end of its interval) is
+        -- served at a clock no earlier than that place. The release is recorded at this
+        -- clock, and a rate limit counts from it: with the older clock, two releases
+        -- were recorded closer than release_interval_ms.
+        IF v_latest_given > v_now THEN
+            v_now := fairq.clock();
+        END IF;
         v_clock_fresh := false;
         v_holds_locks := true;
         -- This round serves the channels that single dequeues would serve in a row;
@@ -2376,10 +2390,11 @@ BEGIN
             PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
         END IF;
         SELECT coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.channel_id), '{}'),
-               coalesce(array_agg(x.name), '{}')
-          INTO v_ids, v_served, v_served_names
-          FROM (SELECT h.id, p.channel_id, p.name
-                  FROM unnest(v_picked, v_picked_names) WITH ORDINALITY AS p(channel_id, name, pos)
+               coalesce(array_agg(x.name), '{}'), coalesce(array_agg(x.turn_seq), '{}')
+          INTO v_ids, v_served, v_served_names, v_served_seqs
+          FROM (SELECT h.id, p.channel_id, p.name, p.turn_seq
+                  FROM unnest(v_picked, v_picked_names, v_turn_seqs)
+                       WITH ORDINALITY AS p(channel_id, name, turn_seq, pos)
                  CROSS JOIN LATERAL (
                        SELECT m.id FROM fairq.message m
                         WHERE m.channel_id = p.channel_id AND m.status = 'ready'
@@ -2387,7 +2402,9 @@ BEGIN
                         LIMIT 1
                           FOR UPDATE SKIP LOCKED) h
                  ORDER BY p.pos) x;
-        -- The heads are locked: they are handed out, in pick order.
+        -- The heads are locked: they are handed out, in pick order. (Joined to their
+        -- positions, not looked up in the arrays: array_position per row made a call of
+        -- n messages cost n² comparisons.)
         RETURN QUERY
             WITH locked AS (
                 UPDATE fairq.message m
@@ -2397,10 +2414,10 @@ BEGIN
                  WHERE m.id = ANY (v_ids)
                 RETURNING m.*
             )
-            SELECT l.id, v_served_names[array_position(v_served, l.channel_id)], l.content, l.state,
-                   l.num_attempts, l.priority, l.dequeue_at, l.recovered
+            SELECT l.id, s.name, l.content, l.state, l.num_attempts, l.priority, l.dequeue_at, l.recovered
               FROM locked l
-             ORDER BY array_position(v_ids, l.id);
+              JOIN unnest(v_ids, v_served_names) WITH ORDINALITY AS s(id, name, pos) ON s.id = l.id
+             ORDER BY s.pos;
 
         -- Step 4. Every served channel is written once (turns.sql: fairq.served_turn_at),
         -- with the due time of its next pending message; one with nothing more due now
@@ -2414,15 +2431,14 @@ BEGIN
                    turn_at = n.turn_at,
                    turn_pass = fairq.served_turn_pass(n.turn_at, c.turn_pass, c.weight),
                    turn_given_at = CASE WHEN n.turn_at = fairq.in_rotation() THEN v_now END,
-                   turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL,
-                                                  v_turn_seqs[array_position(v_picked, c.id)])
-              FROM (SELECT x.row_ctid, x.due_at,
+                   turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL, n.turn_seq)
+              FROM (SELECT x.row_ctid, x.due_at, x.turn_seq,
                            fairq.served_turn_at(x.turn_at, x.next_turn, v_now) AS turn_at
-                      FROM (SELECT k.ctid AS row_ctid, d.due_at, k.turn_at,
+                      FROM (SELECT k.ctid AS row_ctid, d.due_at, k.turn_at, s.turn_seq,
                                    fairq.next_turn(NULL, d.due_at, v_now, k.release_interval_ms,
                                                    k.in_flight + 1, k.max_concurrency,
                                                    k.paused_until, v_now) AS next_turn
-                              FROM unnest(v_served, v_served_names) AS s(channel_id, name)
+                              FROM unnest(v_served, v_served_names, v_served_seqs) AS s(channel_id, name, turn_seq)
                              CROSS JOIN LATERAL (SELECT k.ctid, k.* FROM fairq.channel k
                                                   WHERE k.id = s.channel_id OFFSET 0) k
                              CROSS JOIN LATERAL (
@@ -2441,12 +2457,15 @@ BEGIN
                -- it reads twice is cheap: planned again at every row, they made this
                -- statement five times slower.)
              WHERE c.ctid = n.row_ctid;
-        -- Picked channels that had nothing to hand out, in pick order.
-        FOR v_pos IN 1 .. cardinality(v_picked) LOOP
-            CONTINUE WHEN v_picked[v_pos] = ANY (v_served);
-            PERFORM fairq.channel_retire(v_picked[v_pos], v_now, v_turn_seqs[v_pos]);
-            v_visited := v_visited || v_picked[v_pos];
-        END LOOP;
+        -- Picked channels that had nothing to hand out, in pick order (the served are
+        -- some of the picked: none when they are as many).
+        IF cardinality(v_served) < cardinality(v_picked) THEN
+            FOR v_pos IN 1 .. cardinality(v_picked) LOOP
+                CONTINUE WHEN v_picked[v_pos] = ANY (v_served);
+                PERFORM fairq.channel_retire(v_picked[v_pos], v_now, v_turn_seqs[v_pos]);
+                v_visited := v_visited || v_picked[v_pos];
+            END LOOP;
+        END IF;
         v_count := v_count + cardinality(v_ids);
     END LOOP;
     -- The collector's turn, if nobody ran it in the last second (its row is taken

@@ -16,7 +16,9 @@
 --      channels first in the rotation (by pass), as many as messages are still
 --      wanted: one scan of channel_turn_ix (queue_id, turn_at, turn_pass, turn_seq). Channels at max_concurrency, rate-limited,
 --      paused or with nothing due are not in the rotation, so they cost nothing.
---      SKIP LOCKED spreads concurrent dequeues over channels. A pick that finds
+--      SKIP LOCKED spreads concurrent dequeues over channels. A channel placed in
+--      the rotation after this call read its clock is served at a fresh clock (its
+--      release is recorded at that clock). A pick that finds
 --      nothing reads the clock again and picks once more: a call that started later
 --      may have served a channel meanwhile and made it wait until that later time.
 --      If every eligible channel is busy with another call, a call that holds no lock
@@ -232,12 +234,14 @@ DECLARE
     v_wait_until timestamptz;
     v_picked bigint[];
     v_picked_names text[];
+    v_latest_given timestamptz;  -- the latest turn_given_at of the channels picked
     v_turn_ats timestamptz[];
     v_passes bigint[];
     v_weights integer[];
     v_ids bigint[];
     v_served bigint[];
     v_served_names text[];
+    v_served_seqs bigint[];
     v_visited bigint[] := '{}';
     v_turn_seqs bigint[];
     v_pos integer;
@@ -291,9 +295,11 @@ BEGIN
                -- The turn_seq of each picked channel, taken in pick order: served or
                -- not, each takes its next turn in the order n single dequeues would
                -- give it.
-               coalesce(array_agg(nextval('fairq.turn_seq')), '{}')
-          INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs
-          FROM (SELECT c.id, c.name, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts
+               coalesce(array_agg(nextval('fairq.turn_seq')), '{}'),
+               max(p.turn_given_at)
+          INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs, v_latest_given
+          FROM (SELECT c.id, c.name, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts,
+                       c.turn_given_at
                   FROM fairq.channel c
                  WHERE c.queue_id = v_queue_id AND c.turn_at <= v_now AND c.id <> ALL (v_visited)
                  ORDER BY c.turn_at, c.turn_pass, c.turn_seq
@@ -328,6 +334,14 @@ BEGIN
             v_clock_fresh := false;
             CONTINUE;
         END IF;
+        -- A channel that another call gave its place after this one read its clock (at a
+        -- later clock: a rate-limited channel joins at the end of its interval) is
+        -- served at a clock no earlier than that place. The release is recorded at this
+        -- clock, and a rate limit counts from it: with the older clock, two releases
+        -- were recorded closer than release_interval_ms.
+        IF v_latest_given > v_now THEN
+            v_now := fairq.clock();
+        END IF;
         v_clock_fresh := false;
         v_holds_locks := true;
         -- This round serves the channels that single dequeues would serve in a row;
@@ -359,10 +373,11 @@ BEGIN
             PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
         END IF;
         SELECT coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.channel_id), '{}'),
-               coalesce(array_agg(x.name), '{}')
-          INTO v_ids, v_served, v_served_names
-          FROM (SELECT h.id, p.channel_id, p.name
-                  FROM unnest(v_picked, v_picked_names) WITH ORDINALITY AS p(channel_id, name, pos)
+               coalesce(array_agg(x.name), '{}'), coalesce(array_agg(x.turn_seq), '{}')
+          INTO v_ids, v_served, v_served_names, v_served_seqs
+          FROM (SELECT h.id, p.channel_id, p.name, p.turn_seq
+                  FROM unnest(v_picked, v_picked_names, v_turn_seqs)
+                       WITH ORDINALITY AS p(channel_id, name, turn_seq, pos)
                  CROSS JOIN LATERAL (
                        SELECT m.id FROM fairq.message m
                         WHERE m.channel_id = p.channel_id AND m.status = 'ready'
@@ -370,7 +385,9 @@ BEGIN
                         LIMIT 1
                           FOR UPDATE SKIP LOCKED) h
                  ORDER BY p.pos) x;
-        -- The heads are locked: they are handed out, in pick order.
+        -- The heads are locked: they are handed out, in pick order. (Joined to their
+        -- positions, not looked up in the arrays: array_position per row made a call of
+        -- n messages cost n² comparisons.)
         RETURN QUERY
             WITH locked AS (
                 UPDATE fairq.message m
@@ -380,10 +397,10 @@ BEGIN
                  WHERE m.id = ANY (v_ids)
                 RETURNING m.*
             )
-            SELECT l.id, v_served_names[array_position(v_served, l.channel_id)], l.content, l.state,
-                   l.num_attempts, l.priority, l.dequeue_at, l.recovered
+            SELECT l.id, s.name, l.content, l.state, l.num_attempts, l.priority, l.dequeue_at, l.recovered
               FROM locked l
-             ORDER BY array_position(v_ids, l.id);
+              JOIN unnest(v_ids, v_served_names) WITH ORDINALITY AS s(id, name, pos) ON s.id = l.id
+             ORDER BY s.pos;
 
         -- Step 4. Every served channel is written once (turns.sql: fairq.served_turn_at),
         -- with the due time of its next pending message; one with nothing more due now
@@ -397,15 +414,14 @@ BEGIN
                    turn_at = n.turn_at,
                    turn_pass = fairq.served_turn_pass(n.turn_at, c.turn_pass, c.weight),
                    turn_given_at = CASE WHEN n.turn_at = fairq.in_rotation() THEN v_now END,
-                   turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL,
-                                                  v_turn_seqs[array_position(v_picked, c.id)])
-              FROM (SELECT x.row_ctid, x.due_at,
+                   turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL, n.turn_seq)
+              FROM (SELECT x.row_ctid, x.due_at, x.turn_seq,
                            fairq.served_turn_at(x.turn_at, x.next_turn, v_now) AS turn_at
-                      FROM (SELECT k.ctid AS row_ctid, d.due_at, k.turn_at,
+                      FROM (SELECT k.ctid AS row_ctid, d.due_at, k.turn_at, s.turn_seq,
                                    fairq.next_turn(NULL, d.due_at, v_now, k.release_interval_ms,
                                                    k.in_flight + 1, k.max_concurrency,
                                                    k.paused_until, v_now) AS next_turn
-                              FROM unnest(v_served, v_served_names) AS s(channel_id, name)
+                              FROM unnest(v_served, v_served_names, v_served_seqs) AS s(channel_id, name, turn_seq)
                              CROSS JOIN LATERAL (SELECT k.ctid, k.* FROM fairq.channel k
                                                   WHERE k.id = s.channel_id OFFSET 0) k
                              CROSS JOIN LATERAL (
@@ -424,12 +440,15 @@ BEGIN
                -- it reads twice is cheap: planned again at every row, they made this
                -- statement five times slower.)
              WHERE c.ctid = n.row_ctid;
-        -- Picked channels that had nothing to hand out, in pick order.
-        FOR v_pos IN 1 .. cardinality(v_picked) LOOP
-            CONTINUE WHEN v_picked[v_pos] = ANY (v_served);
-            PERFORM fairq.channel_retire(v_picked[v_pos], v_now, v_turn_seqs[v_pos]);
-            v_visited := v_visited || v_picked[v_pos];
-        END LOOP;
+        -- Picked channels that had nothing to hand out, in pick order (the served are
+        -- some of the picked: none when they are as many).
+        IF cardinality(v_served) < cardinality(v_picked) THEN
+            FOR v_pos IN 1 .. cardinality(v_picked) LOOP
+                CONTINUE WHEN v_picked[v_pos] = ANY (v_served);
+                PERFORM fairq.channel_retire(v_picked[v_pos], v_now, v_turn_seqs[v_pos]);
+                v_visited := v_visited || v_picked[v_pos];
+            END LOOP;
+        END IF;
         v_count := v_count + cardinality(v_ids);
     END LOOP;
     -- The collector's turn, if nobody ran it in the last second (its row is taken

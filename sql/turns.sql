@@ -199,6 +199,9 @@ RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    -- (Every step below is a scan, a sort or a window over the rows before it, never a
+    -- lookup of one CTE per row of another: that made a join of 100 channels cost
+    -- 10,000 row visits.)
     WITH taken AS (
         DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_woken)
         RETURNING w.channel_id, w.due_at, w.woken_at, w.turn_seq
@@ -206,67 +209,64 @@ BEGIN
         SELECT t.channel_id, t.turn_seq, f.due_at,
                fairq.next_turn(NULL, f.due_at, c.last_release_at, c.release_interval_ms,
                                c.in_flight, c.max_concurrency, c.paused_until, t.woken_at) AS turn_at
-          FROM taken t
+          FROM (SELECT t.*, min(t.due_at) OVER (PARTITION BY t.channel_id ORDER BY t.turn_seq) AS due_so_far
+                  FROM taken t) t
           JOIN fairq.channel c ON c.id = t.channel_id
-         CROSS JOIN LATERAL (SELECT LEAST(c.due_at, min(t2.due_at)) AS due_at
-                               FROM taken t2
-                              WHERE t2.channel_id = t.channel_id AND t2.turn_seq <= t.turn_seq) f
+         CROSS JOIN LATERAL (SELECT LEAST(c.due_at, t.due_so_far) AS due_at) f
          WHERE c.id = ANY (p_woken)
     ), woken AS (  -- per channel: the earliest turn, the earliest due time
         SELECT DISTINCT ON (f.channel_id) f.channel_id, f.turn_at, f.turn_seq,
                min(f.due_at) OVER (PARTITION BY f.channel_id) AS due_at
           FROM folded f
          ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
-    ), held AS (  -- each channel, as its wakes leave it
-        SELECT c.id, w.channel_id IS NOT NULL AS woken, coalesce(w.due_at, c.due_at) AS due_at,
-               n.turn_at,
-               fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq) AS turn_seq,
-               fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass) AS turn_pass,
-               fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at) AS turn_given_at
-          FROM fairq.channel c
-          LEFT JOIN woken w ON w.channel_id = c.id
-         CROSS JOIN LATERAL (SELECT LEAST(c.turn_at, w.turn_at) AS turn_at) n
-         WHERE c.id = ANY (p_woken || p_waiting)
-    ), joining AS (
-        SELECT p.*, count(*) FILTER (WHERE p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
-          FROM (SELECT j.id, j.pos, j.turn_at, nextval('fairq.turn_seq') AS turn_seq,
+    ), held AS (  -- each channel, as its wakes leave it; pos: its rank among those whose wait is over
+        SELECT h.*,
+               CASE WHEN h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
+                    THEN row_number() OVER (PARTITION BY h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
+                                            ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
+          FROM (SELECT c.id, w.channel_id IS NOT NULL AS woken, coalesce(w.due_at, c.due_at) AS due_at,
+                       n.turn_at,
+                       fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq) AS turn_seq,
+                       fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass) AS turn_pass,
+                       fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at) AS turn_given_at
+                  FROM fairq.channel c
+                  LEFT JOIN woken w ON w.channel_id = c.id
+                 CROSS JOIN LATERAL (SELECT LEAST(c.turn_at, w.turn_at) AS turn_at) n
+                 WHERE c.id = ANY (p_woken || p_waiting)) h
+    ), placed AS (  -- the first p_limit of those join, in that order
+        SELECT p.*, count(*) FILTER (WHERE p.joins AND p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
+          FROM (SELECT h.*, (h.pos <= p_limit) IS TRUE AS joins,
+                       CASE WHEN h.pos <= p_limit THEN nextval('fairq.turn_seq') END AS joined_seq,
                        -- (Looked up only when some place was given later than its turn:
                        -- the latest given is one read, once.)
-                       CASE WHEN j.turn_at < (SELECT max(r.turn_given_at) FROM fairq.channel r
+                       CASE WHEN h.pos <= p_limit
+                             AND h.turn_at < (SELECT max(r.turn_given_at) FROM fairq.channel r
                                                WHERE r.queue_id = p_queue_id
                                                  AND r.turn_at = fairq.in_rotation())
                             THEN (SELECT r.turn_pass FROM fairq.channel r
                                    WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
-                                     AND r.turn_given_at > j.turn_at
+                                     AND r.turn_given_at > h.turn_at
                                    ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) END AS next_pass
-                  FROM (SELECT h.id, h.turn_at,
-                               row_number() OVER (ORDER BY h.turn_at, h.turn_pass, h.turn_seq) AS pos
-                          FROM held h
-                         WHERE h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
-                         ORDER BY h.turn_at, h.turn_pass, h.turn_seq
-                         LIMIT p_limit) j
-                 ORDER BY j.pos
-                OFFSET 0) p
+                  FROM (SELECT h.* FROM held h ORDER BY h.pos OFFSET 0) h) p
     )
     UPDATE fairq.channel c
-       SET due_at = h.due_at,
-           idle_since = CASE WHEN NOT h.woken THEN c.idle_since END,  -- a wake brings a due time
-           turn_at = CASE WHEN j.id IS NULL THEN h.turn_at ELSE fairq.in_rotation() END,
-           turn_pass = CASE WHEN j.id IS NULL THEN h.turn_pass
+       SET due_at = p.due_at,
+           idle_since = CASE WHEN NOT p.woken THEN c.idle_since END,  -- a wake brings a due time
+           turn_at = CASE WHEN p.joins THEN fairq.in_rotation() ELSE p.turn_at END,
+           turn_pass = CASE WHEN NOT p.joins THEN p.turn_pass
                             -- (An empty rotation starts anywhere: passes are only
                             -- compared within it.)
-                            ELSE coalesce(j.next_pass - 1,
+                            ELSE coalesce(p.next_pass - 1,
                                           coalesce((SELECT r.turn_pass FROM fairq.channel r
                                                      WHERE r.queue_id = p_queue_id
                                                        AND r.turn_at = fairq.in_rotation()
                                                      ORDER BY r.turn_pass DESC LIMIT 1), 0)
-                                          + j.back_rank) END,
-           turn_given_at = CASE WHEN j.id IS NULL THEN h.turn_given_at ELSE j.turn_at END,
-           turn_seq = coalesce(j.turn_seq, h.turn_seq)
-      FROM held h
-      LEFT JOIN joining j ON j.id = h.id
-     WHERE c.id = ANY (p_woken || p_waiting) AND c.id = h.id
-       AND (h.woken OR j.id IS NOT NULL);
+                                          + p.back_rank) END,
+           turn_given_at = CASE WHEN p.joins THEN p.turn_at ELSE p.turn_given_at END,
+           turn_seq = coalesce(p.joined_seq, p.turn_seq)
+      FROM placed p
+     WHERE c.id = ANY (p_woken || p_waiting) AND c.id = p.id
+       AND (p.woken OR p.joins);
 END
 $$;
 
