@@ -171,6 +171,89 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION fairq.woken_to_take(p_queue_id integer, p_now timestamptz, p_limit integer,
+                                    p_waiting bigint[])
+RETURNS bigint[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    -- Wakes read beyond p_limit, room for those other calls hold; and how many
+    -- windows a call reads before it leaves the rest to later calls.
+    v_slack CONSTANT integer := 8;
+    v_max_windows CONSTANT integer := 8;
+    v_window_size CONSTANT integer := p_limit + v_slack;
+    v_taken bigint[] := '{}';
+    v_seen bigint[] := '{}';   -- channels of the windows read so far
+    v_wanted integer := p_limit;  -- eligible channels still to take
+    v_from timestamptz := '-infinity';  -- where the next window starts
+    v_read integer;            -- wakes the window read
+    v_eligible bigint[];       -- channels the window's wakes make eligible, earliest first,
+    v_turn_ats timestamptz[];  -- with their turns
+    v_turn_seqs bigint[];
+    v_ineligible bigint[];     -- the others: at max_concurrency, or rate-limited past now
+    v_woken bigint[];
+    v_joining integer;
+BEGIN
+    FOR v_window IN 1 .. v_max_windows LOOP
+        SELECT coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
+                            FILTER (WHERE t.turn_at <= p_now), '{}'),
+               coalesce(array_agg(t.turn_at ORDER BY t.turn_at, t.turn_seq)
+                            FILTER (WHERE t.turn_at <= p_now), '{}'),
+               coalesce(array_agg(t.turn_seq ORDER BY t.turn_at, t.turn_seq)
+                            FILTER (WHERE t.turn_at <= p_now), '{}'),
+               coalesce(array_agg(t.channel_id) FILTER (WHERE t.turn_at IS NULL OR t.turn_at > p_now), '{}'),
+               coalesce(sum(t.wakes), 0), max(t.last_key)
+          INTO v_eligible, v_turn_ats, v_turn_seqs, v_ineligible, v_read, v_from
+          FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq,
+                       count(*) AS wakes, max(w.key) AS last_key
+                  FROM (SELECT w.*, GREATEST(w.due_at, w.woken_at) AS key FROM fairq.channel_wake w
+                         WHERE w.queue_id = p_queue_id
+                           AND GREATEST(w.due_at, w.woken_at) >= v_from
+                           AND GREATEST(w.due_at, w.woken_at) <= p_now
+                           AND w.channel_id <> ALL (v_seen)
+                         ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
+                         LIMIT v_window_size) w
+                 CROSS JOIN LATERAL (
+                       SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
+                                              k.release_interval_ms, k.in_flight,
+                                              k.max_concurrency, k.paused_until, w.woken_at) AS turn_at
+                         FROM fairq.channel k WHERE k.id = w.channel_id
+                       OFFSET 0) k  -- one lookup by id per wake
+                 GROUP BY w.channel_id) t;
+        -- Of these and the waiting channels (this call's own rows), the first v_wanted
+        -- that are free, then every free ineligible one. The waiting channels count in
+        -- the first window only: a later one is read only when all of them joined.
+        WITH joining AS (
+            SELECT c.id, m.woken
+              FROM (SELECT u.id, u.turn_at, u.turn_seq, u.woken
+                      FROM (SELECT e.id, e.turn_at, e.turn_seq, true AS woken
+                              FROM unnest(v_eligible, v_turn_ats, v_turn_seqs) AS e(id, turn_at, turn_seq)
+                            UNION ALL
+                            SELECT k.id, k.turn_at, k.turn_seq, false
+                              FROM fairq.channel k
+                             WHERE v_window = 1 AND k.id = ANY (p_waiting)
+                               AND k.id <> ALL (v_eligible)) u
+                     ORDER BY u.turn_at, u.turn_seq
+                    OFFSET 0) m  -- (sorted first: the rows are then locked one by one, in order)
+              JOIN fairq.channel c ON c.id = m.id
+             ORDER BY m.turn_at, m.turn_seq
+             LIMIT v_wanted
+               FOR NO KEY UPDATE OF c SKIP LOCKED)
+        SELECT coalesce(array_agg(j.id) FILTER (WHERE j.woken), '{}'), count(*)
+          INTO v_woken, v_joining
+          FROM joining j;
+        v_taken := v_taken || v_woken
+                   || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
+                             ORDER BY c.id
+                               FOR NO KEY UPDATE SKIP LOCKED);
+        v_wanted := v_wanted - v_joining;
+        EXIT WHEN v_wanted <= 0 OR v_read < v_window_size;
+        v_seen := v_seen || v_eligible || v_ineligible;
+    END LOOP;
+    RETURN v_taken;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION fairq.channel_for_policy(p_queue_id integer, p_channel text) RETURNS fairq.channel
 LANGUAGE plpgsql
 AS $$

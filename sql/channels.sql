@@ -259,7 +259,11 @@ RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_window_size CONSTANT integer := p_limit + 8;
+    -- Wakes read beyond p_limit, room for those other calls hold; and how many
+    -- windows a call reads before it leaves the rest to later calls.
+    v_slack CONSTANT integer := 8;
+    v_max_windows CONSTANT integer := 8;
+    v_window_size CONSTANT integer := p_limit + v_slack;
     v_taken bigint[] := '{}';
     v_seen bigint[] := '{}';   -- channels of the windows read so far
     v_wanted integer := p_limit;  -- eligible channels still to take
@@ -272,7 +276,7 @@ DECLARE
     v_woken bigint[];
     v_joining integer;
 BEGIN
-    FOR v_window IN 1 .. 8 LOOP
+    FOR v_window IN 1 .. v_max_windows LOOP
         SELECT coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
                             FILTER (WHERE t.turn_at <= p_now), '{}'),
                coalesce(array_agg(t.turn_at ORDER BY t.turn_at, t.turn_seq)
