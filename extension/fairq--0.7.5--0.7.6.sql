@@ -790,6 +790,44 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION fairq.message_cancel(p_id bigint) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_message fairq.message;
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require(p_id, 'p_id');
+    DELETE FROM fairq.message WHERE id = p_id AND status <> 'locked'
+    RETURNING * INTO v_message;
+    IF NOT FOUND THEN
+        RETURN fairq.miss(p_id, 'locked');
+    END IF;
+    -- The producer lock only keeps channel_set from changing max_size under our feet
+    -- (in a transaction gone bulk, its queue's bulk producer lock does: it takes no
+    -- channel's producer lock after that, or it could wait in a cycle with channel_set).
+    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
+    IF NOT fairq.producing_in_bulk(v_channel.queue_id, 0) THEN
+        PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
+                                             fairq.producer_lock_key(v_channel.queue_id, v_channel.name));
+    END IF;
+    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
+    PERFORM fairq.record_history(v_message, v_channel.name, 'cancelled', v_now);
+    PERFORM fairq.channel_resize(v_channel, -1, false);
+    -- Nothing pending any more: the channel's turn (maybe far in the future) must go.
+    -- Only then is the row locked.
+    IF NOT EXISTS (SELECT 1 FROM fairq.pending_due_at(v_channel.id) AS p WHERE p.due_at IS NOT NULL) THEN
+        v_channel := fairq.channel_lock(v_channel.id);
+        v_channel.due_at := fairq.settled_due_at(v_channel.id, v_channel.queue_id, v_channel.name, v_now);
+        PERFORM fairq.channel_store(v_channel, v_now, false);
+    END IF;
+    RETURN 'cancelled';
+END
+$$;
+
 CREATE OR REPLACE FUNCTION fairq.check() RETURNS TABLE(channel text, problem text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp

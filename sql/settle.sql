@@ -313,10 +313,14 @@ BEGIN
     IF NOT FOUND THEN
         RETURN fairq.miss(p_id, 'locked');
     END IF;
-    -- The producer lock only keeps channel_set from changing max_size under our feet.
+    -- The producer lock only keeps channel_set from changing max_size under our feet
+    -- (in a transaction gone bulk, its queue's bulk producer lock does: it takes no
+    -- channel's producer lock after that, or it could wait in a cycle with channel_set).
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
-    PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
-                                         fairq.producer_lock_key(v_channel.queue_id, v_channel.name));
+    IF NOT fairq.producing_in_bulk(v_channel.queue_id, 0) THEN
+        PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
+                                             fairq.producer_lock_key(v_channel.queue_id, v_channel.name));
+    END IF;
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     PERFORM fairq.record_history(v_message, v_channel.name, 'cancelled', v_now);
     PERFORM fairq.channel_resize(v_channel, -1, false);
