@@ -16,6 +16,11 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 'fairq.producer_locks' $$;
 REVOKE ALL ON FUNCTION fairq.producer_locks_setting() FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION fairq.gone_bulk() RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$ SELECT coalesce(current_setting(fairq.producer_locks_setting(), true) = 'bulk', false) $$;
+REVOKE ALL ON FUNCTION fairq.gone_bulk() FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION fairq.producing_in_bulk(p_queue_id integer, p_channels integer) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
@@ -23,7 +28,7 @@ DECLARE
     v_held text := coalesce(current_setting(fairq.producer_locks_setting(), true), '');
     v_count integer := CASE WHEN v_held ~ '^[0-9]{1,9}$' THEN v_held::integer ELSE 0 END;
 BEGIN
-    IF v_held <> 'bulk' AND v_count + p_channels <= fairq.bulk_producer_channels() THEN
+    IF NOT fairq.gone_bulk() AND v_count + p_channels <= fairq.bulk_producer_channels() THEN
         IF p_channels > 0 THEN
             PERFORM set_config(fairq.producer_locks_setting(), (v_count + p_channels)::text, true);
         END IF;
@@ -74,11 +79,10 @@ BEGIN
          ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
     ), held AS (  -- each channel, as its wakes leave it; pos: its rank among those whose wait is over
         SELECT h.*,
-               CASE WHEN h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
-                    THEN row_number() OVER (PARTITION BY h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
-                                            ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
+               CASE WHEN h.waited THEN row_number() OVER (PARTITION BY h.waited
+                                                         ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
           FROM (SELECT c.id, w.channel_id IS NOT NULL AS woken, coalesce(w.due_at, c.due_at) AS due_at,
-                       n.turn_at,
+                       n.turn_at, n.turn_at > fairq.in_rotation() AND n.turn_at <= p_now AS waited,
                        fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq) AS turn_seq,
                        fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass) AS turn_pass,
                        fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at) AS turn_given_at
@@ -155,7 +159,7 @@ DECLARE
 BEGIN
     v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
                        WHERE fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
-                          OR current_setting(fairq.producer_locks_setting(), true) = 'bulk'
+                          OR fairq.gone_bulk()
                           OR NOT fairq.settle_lock_try_shared(k.queue_id, k.name));
     WITH queued AS (
         INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
@@ -487,7 +491,7 @@ BEGIN
     -- the row is read: while it is held the channel stays as due as read here
     -- (fairq.channels_wake, which also queues the wake when it is not). A transaction
     -- gone bulk holds its queue's bulk producer lock instead, and queues the wake.
-    IF current_setting(fairq.producer_locks_setting(), true) = 'bulk' THEN
+    IF fairq.gone_bulk() THEN
         v_settling := fairq.producing_in_bulk(v_queue_id, 0);
     ELSE
         SELECT NOT fairq.settle_lock_try_shared(v_queue_id, p_channel) INTO v_settling

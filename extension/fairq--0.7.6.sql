@@ -505,6 +505,12 @@ CREATE FUNCTION fairq.producer_locks_setting() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 'fairq.producer_locks' $$;
 
+-- True when this transaction has gone bulk (it then holds the bulk producer lock of
+-- every queue it produced into since).
+CREATE FUNCTION fairq.gone_bulk() RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$ SELECT coalesce(current_setting(fairq.producer_locks_setting(), true) = 'bulk', false) $$;
+
 -- For a producer call about to take the producer locks of p_channels channels of
 -- queue p_queue_id: true when this transaction is bulk (or goes bulk now, past the
 -- bound), holding the queue's bulk producer lock shared; then the call takes no
@@ -516,7 +522,7 @@ DECLARE
     v_held text := coalesce(current_setting(fairq.producer_locks_setting(), true), '');
     v_count integer := CASE WHEN v_held ~ '^[0-9]{1,9}$' THEN v_held::integer ELSE 0 END;
 BEGIN
-    IF v_held <> 'bulk' AND v_count + p_channels <= fairq.bulk_producer_channels() THEN
+    IF NOT fairq.gone_bulk() AND v_count + p_channels <= fairq.bulk_producer_channels() THEN
         IF p_channels > 0 THEN
             PERFORM set_config(fairq.producer_locks_setting(), (v_count + p_channels)::text, true);
         END IF;
@@ -1093,11 +1099,10 @@ BEGIN
          ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
     ), held AS (  -- each channel, as its wakes leave it; pos: its rank among those whose wait is over
         SELECT h.*,
-               CASE WHEN h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
-                    THEN row_number() OVER (PARTITION BY h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
-                                            ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
+               CASE WHEN h.waited THEN row_number() OVER (PARTITION BY h.waited
+                                                         ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
           FROM (SELECT c.id, w.channel_id IS NOT NULL AS woken, coalesce(w.due_at, c.due_at) AS due_at,
-                       n.turn_at,
+                       n.turn_at, n.turn_at > fairq.in_rotation() AND n.turn_at <= p_now AS waited,
                        fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq) AS turn_seq,
                        fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass) AS turn_pass,
                        fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at) AS turn_given_at
@@ -1345,9 +1350,10 @@ $$;
 -- new snapshot. Where that lock is taken (a call is deciding whether the channel goes
 -- idle, and may not see these messages) the wake is queued anyway, and so is it for
 -- a channel that needed one at the first look, and by a transaction gone bulk (which
--- takes no channel's lock): a second wake is harmless, and the producer never waits. A producer never locks a channel row: one that did, for a
--- wake, kept it until commit, so an open producer transaction hid the channel's other
--- messages from workers and made its completions wait. Returns the channels woken.
+-- takes no channel's lock): a second wake is harmless, and the producer never waits.
+-- A producer never locks a channel row: one that did, for a wake, kept it until
+-- commit, so an open producer transaction hid the channel's other messages from
+-- workers and made its completions wait. Returns the channels woken.
 CREATE FUNCTION fairq.channels_wake(p_channel_ids bigint[], p_due_ats timestamptz[],
                                     p_now timestamptz) RETURNS bigint[]
 LANGUAGE plpgsql
@@ -1358,7 +1364,7 @@ DECLARE
 BEGIN
     v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
                        WHERE fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
-                          OR current_setting(fairq.producer_locks_setting(), true) = 'bulk'
+                          OR fairq.gone_bulk()
                           OR NOT fairq.settle_lock_try_shared(k.queue_id, k.name));
     WITH queued AS (
         INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
@@ -1956,7 +1962,7 @@ BEGIN
     -- the row is read: while it is held the channel stays as due as read here
     -- (fairq.channels_wake, which also queues the wake when it is not). A transaction
     -- gone bulk holds its queue's bulk producer lock instead, and queues the wake.
-    IF current_setting(fairq.producer_locks_setting(), true) = 'bulk' THEN
+    IF fairq.gone_bulk() THEN
         v_settling := fairq.producing_in_bulk(v_queue_id, 0);
     ELSE
         SELECT NOT fairq.settle_lock_try_shared(v_queue_id, p_channel) INTO v_settling

@@ -196,9 +196,10 @@ $$;
 -- new snapshot. Where that lock is taken (a call is deciding whether the channel goes
 -- idle, and may not see these messages) the wake is queued anyway, and so is it for
 -- a channel that needed one at the first look, and by a transaction gone bulk (which
--- takes no channel's lock): a second wake is harmless, and the producer never waits. A producer never locks a channel row: one that did, for a
--- wake, kept it until commit, so an open producer transaction hid the channel's other
--- messages from workers and made its completions wait. Returns the channels woken.
+-- takes no channel's lock): a second wake is harmless, and the producer never waits.
+-- A producer never locks a channel row: one that did, for a wake, kept it until
+-- commit, so an open producer transaction hid the channel's other messages from
+-- workers and made its completions wait. Returns the channels woken.
 CREATE FUNCTION fairq.channels_wake(p_channel_ids bigint[], p_due_ats timestamptz[],
                                     p_now timestamptz) RETURNS bigint[]
 LANGUAGE plpgsql
@@ -209,7 +210,7 @@ DECLARE
 BEGIN
     v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
                        WHERE fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
-                          OR current_setting(fairq.producer_locks_setting(), true) = 'bulk'
+                          OR fairq.gone_bulk()
                           OR NOT fairq.settle_lock_try_shared(k.queue_id, k.name));
     WITH queued AS (
         INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)

@@ -245,7 +245,7 @@ BEGIN
     -- the row is read: while it is held the channel stays as due as read here
     -- (fairq.channels_wake, which also queues the wake when it is not). A transaction
     -- gone bulk holds its queue's bulk producer lock instead, and queues the wake.
-    IF current_setting(fairq.producer_locks_setting(), true) = 'bulk' THEN
+    IF fairq.gone_bulk() THEN
         v_settling := fairq.producing_in_bulk(v_queue_id, 0);
     ELSE
         SELECT NOT fairq.settle_lock_try_shared(v_queue_id, p_channel) INTO v_settling

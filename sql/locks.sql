@@ -54,6 +54,12 @@ CREATE FUNCTION fairq.producer_locks_setting() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 'fairq.producer_locks' $$;
 
+-- True when this transaction has gone bulk (it then holds the bulk producer lock of
+-- every queue it produced into since).
+CREATE FUNCTION fairq.gone_bulk() RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$ SELECT coalesce(current_setting(fairq.producer_locks_setting(), true) = 'bulk', false) $$;
+
 -- For a producer call about to take the producer locks of p_channels channels of
 -- queue p_queue_id: true when this transaction is bulk (or goes bulk now, past the
 -- bound), holding the queue's bulk producer lock shared; then the call takes no
@@ -65,7 +71,7 @@ DECLARE
     v_held text := coalesce(current_setting(fairq.producer_locks_setting(), true), '');
     v_count integer := CASE WHEN v_held ~ '^[0-9]{1,9}$' THEN v_held::integer ELSE 0 END;
 BEGIN
-    IF v_held <> 'bulk' AND v_count + p_channels <= fairq.bulk_producer_channels() THEN
+    IF NOT fairq.gone_bulk() AND v_count + p_channels <= fairq.bulk_producer_channels() THEN
         IF p_channels > 0 THEN
             PERFORM set_config(fairq.producer_locks_setting(), (v_count + p_channels)::text, true);
         END IF;

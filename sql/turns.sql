@@ -221,11 +221,10 @@ BEGIN
          ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
     ), held AS (  -- each channel, as its wakes leave it; pos: its rank among those whose wait is over
         SELECT h.*,
-               CASE WHEN h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
-                    THEN row_number() OVER (PARTITION BY h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now
-                                            ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
+               CASE WHEN h.waited THEN row_number() OVER (PARTITION BY h.waited
+                                                         ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
           FROM (SELECT c.id, w.channel_id IS NOT NULL AS woken, coalesce(w.due_at, c.due_at) AS due_at,
-                       n.turn_at,
+                       n.turn_at, n.turn_at > fairq.in_rotation() AND n.turn_at <= p_now AS waited,
                        fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq) AS turn_seq,
                        fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass) AS turn_pass,
                        fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at) AS turn_given_at
