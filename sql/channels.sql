@@ -187,20 +187,22 @@ AS $$
 $$;
 
 -- For a producer holding the channels' producer locks (create, dead-letter retry):
--- the channels among p_channel_ids (each with the earliest due time its new messages
--- need) whose turn those messages must bring forward (fairq.needs_wake). Their wakes
+-- the channels among p_channel_ids, all of queue p_queue_id (each with the earliest
+-- due time its new messages need), whose turn those messages must bring forward
+-- (fairq.needs_wake). Their wakes
 -- are queued in fairq.channel_wake, committed with the messages, and the next
 -- dequeues apply them (fairq.join_rotation) with the turn_seq given here, in id order.
 -- A channel that seems to need no wake (it is due already) is relied on to stay due:
 -- its settle lock is tried shared first, and the look that decides comes after, in a
--- new snapshot. Where that lock is taken (a call is deciding whether the channel goes
--- idle, and may not see these messages) the wake is queued anyway, and so is it for
+-- new snapshot. Where that lock is taken, or the queue is being settled in bulk (a
+-- call is deciding whether the channel goes idle, and may not see these messages),
+-- the wake is queued anyway, and so is it for
 -- a channel that needed one at the first look, and by a transaction gone bulk (which
 -- takes no channel's lock): a second wake is harmless, and the producer never waits.
 -- A producer never locks a channel row: one that did, for a wake, kept it until
 -- commit, so an open producer transaction hid the channel's other messages from
 -- workers and made its completions wait. Returns the channels woken.
-CREATE FUNCTION fairq.channels_wake(p_channel_ids bigint[], p_due_ats timestamptz[],
+CREATE FUNCTION fairq.channels_wake(p_queue_id integer, p_channel_ids bigint[], p_due_ats timestamptz[],
                                     p_now timestamptz) RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
@@ -210,8 +212,12 @@ DECLARE
 BEGIN
     v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
                        WHERE fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
-                          OR fairq.gone_bulk()
+                          OR fairq.gone_bulk(fairq.producer_locks_setting())
                           OR NOT fairq.settle_lock_try_shared(k.queue_id, k.name));
+    -- With the settle locks held: one settling in bulk would not see them.
+    IF cardinality(v_forced) < cardinality(p_channel_ids) AND fairq.bulk_settling(p_queue_id) THEN
+        v_forced := p_channel_ids;
+    END IF;
     WITH queued AS (
         INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
         SELECT n.id, n.due_at, p_now, nextval('fairq.turn_seq'), n.queue_id
@@ -407,10 +413,12 @@ END
 $$;
 
 -- The channel row for a change of policy or pause, created on first use, with its
--- producer lock, its queue's bulk producer lock and then its policy lock held
--- exclusively, then the row itself (its wakes folded in). Waiting out producers
--- mid-insert, bulk ones too, makes them and channel_size agree on max_size. (The row
--- stays: collecting it would need the producer lock held here.)
+-- producer lock, its queue's bulk producer lock, its policy lock and its queue's bulk
+-- policy lock held exclusively, then the row itself (its wakes folded in). Waiting
+-- out producers mid-insert, bulk ones too, makes them and channel_size agree on
+-- max_size; waiting out completions, bulk ones too, makes them and in_flight agree
+-- on max_concurrency. (The row stays: collecting it would need the producer lock
+-- held here.)
 CREATE FUNCTION fairq.channel_for_policy(p_queue_id integer, p_channel text) RETURNS fairq.channel
 LANGUAGE plpgsql
 AS $$
@@ -423,6 +431,7 @@ BEGIN
     ON CONFLICT (queue_id, name) DO NOTHING;
     SELECT c.id INTO v_channel_id FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = p_channel;
     PERFORM pg_advisory_xact_lock(fairq.policy_lock_class(), fairq.policy_lock_key(v_channel_id));
+    PERFORM pg_advisory_xact_lock(fairq.bulk_policy_lock_class(), p_queue_id);
     RETURN fairq.channel_lock(v_channel_id);
 END
 $$;

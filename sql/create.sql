@@ -91,7 +91,7 @@ BEGIN
 
     v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
     -- Take every channel's producer lock (creating the channel on first use), or past
-    -- fairq.bulk_producer_channels() in this transaction the queue's bulk producer
+    -- fairq.bulk_channels() in this transaction the queue's bulk producer
     -- lock; they conflict only with channel_set/channel_clear and the pause calls,
     -- each of which holds them for one short call, and with the collector, which only
     -- tries them.
@@ -187,7 +187,7 @@ BEGIN
 
     -- Wake the channels whose turn the created messages bring forward: each by the
     -- earliest of its created messages.
-    SELECT fairq.channels_wake(coalesce(array_agg(e.channel_id ORDER BY e.channel_id), '{}'),
+    SELECT fairq.channels_wake(v_queue_id, coalesce(array_agg(e.channel_id ORDER BY e.channel_id), '{}'),
                                array_agg(e.earliest ORDER BY e.channel_id), v_now)
       INTO v_woken
       FROM (SELECT u.channel_id, min(coalesce(u.dequeue_at, v_now)) AS earliest
@@ -241,17 +241,20 @@ BEGIN
     v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
     -- The producer lock first, as in the batch path: under it the row read next
     -- cannot be collected, and its max_size cannot change (channel_set takes the
-    -- lock exclusively). Then the settle lock (the subquery is taken first), before
-    -- the row is read: while it is held the channel stays as due as read here
-    -- (fairq.channels_wake, which also queues the wake when it is not). A transaction
-    -- gone bulk holds its queue's bulk producer lock instead, and queues the wake.
-    IF fairq.gone_bulk() THEN
+    -- lock exclusively). Then the settle lock (the subquery is taken first), and the
+    -- question whether the queue is being settled in bulk, before the row is read:
+    -- while the lock is held, and unless that answer is yes, the channel stays as due
+    -- as read here (fairq.channels_wake, which also queues the wake when it is not). A
+    -- transaction gone bulk holds its queue's bulk producer lock instead, and queues
+    -- the wake.
+    IF fairq.gone_bulk(fairq.producer_locks_setting()) THEN
         v_settling := fairq.producing_in_bulk(v_queue_id, 0);
     ELSE
         SELECT NOT fairq.settle_lock_try_shared(v_queue_id, p_channel) INTO v_settling
           FROM (SELECT pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
                                                     fairq.producer_lock_key(v_queue_id, p_channel))
                 OFFSET 0) AS producer_lock;
+        v_settling := v_settling OR fairq.bulk_settling(v_queue_id);  -- after the settle lock
     END IF;
     SELECT * INTO v_channel FROM fairq.channel c WHERE c.queue_id = v_queue_id AND c.name = p_channel;
     IF v_channel.id IS NULL THEN
@@ -282,7 +285,7 @@ BEGIN
         RETURNING fairq.message.id INTO v_id;
         IF v_id IS NOT NULL THEN
             v_wakes := (v_settling OR fairq.needs_wake(v_channel.due_at, v_due_at, v_now))
-                       AND cardinality(fairq.channels_wake(ARRAY[v_channel.id], ARRAY[v_due_at], v_now)) > 0;
+                       AND cardinality(fairq.channels_wake(v_queue_id, ARRAY[v_channel.id], ARRAY[v_due_at], v_now)) > 0;
             IF fairq.events_wanted(v_wakes) THEN
                 IF fairq.worker_sleeps(v_queue_id) THEN
                     PERFORM fairq.notify_event('created', v_queue_id, p_channel, v_id, v_due_at);

@@ -8,7 +8,9 @@
 --     holder: nobody else has been handed the message;
 --   * leaving 'locked' frees exactly one concurrency slot of a capped channel, under
 --     the channel lock; completing an uncapped channel's message takes only its
---     policy lock (shared): a channel left empty stays, idle, for the collector;
+--     policy lock (shared; past fairq.bulk_channels() channels in a transaction's
+--     batches, its queue's bulk policy lock): a channel left empty stays, idle, for
+--     the collector;
 --   * lock order: the message (the fenced UPDATE/DELETE), then its channel, then its
 --     channel_size row. Batches lock all their messages first, in id order.
 
@@ -82,12 +84,16 @@ BEGIN
     -- Of the locked messages, those the caller still holds are settled; an id listed
     -- twice is settled by its first occurrence only. (OFFSET 0 keeps the filter out
     -- of the locking subquery, so messages are found by id, never by reading every
-    -- lock in message_locked_ix.)
+    -- lock in message_locked_ix. Joined to the first occurrences: array_position per
+    -- message made a batch of n cost n² comparisons.)
     v_claimed := ARRAY(
         SELECT m.id
           FROM (SELECT * FROM fairq.message m WHERE m.id = ANY (p_ids) ORDER BY m.id
                    FOR UPDATE OFFSET 0) m
-         WHERE fairq.held_attempts(m.status, m.num_attempts) = p_num_attempts[array_position(p_ids, m.id)]);
+          JOIN (SELECT DISTINCT ON (u.id) u.id, u.num_attempts
+                  FROM unnest(p_ids, p_num_attempts) WITH ORDINALITY AS u(id, num_attempts, pos)
+                 ORDER BY u.id, u.pos) u ON u.id = m.id
+         WHERE fairq.held_attempts(m.status, m.num_attempts) = u.num_attempts);
     WITH deleted AS (
         DELETE FROM fairq.message m WHERE m.id = ANY (v_claimed) RETURNING m.*
     )
@@ -96,8 +102,7 @@ BEGIN
     v_channel_ids := ARRAY(SELECT DISTINCT d.channel_id FROM unnest(v_done) AS d ORDER BY 1);
     -- The channels' policy locks (shared), so that channel_set cannot change their
     -- max_concurrency, and recount in_flight, before this commits.
-    PERFORM pg_advisory_xact_lock_shared(fairq.policy_lock_class(), fairq.policy_lock_key(u.id))
-       FROM unnest(v_channel_ids) AS u(id);
+    PERFORM fairq.policy_locks_shared(v_channel_ids, ARRAY(SELECT d.queue_id FROM unnest(v_done) AS d), true);
     -- Only a capped channel needs its row, to free slots. Every other completion
     -- leaves its channel's row alone, so workers completing one tenant's messages do
     -- not queue behind each other, behind its dequeues or behind its producers.
@@ -191,7 +196,7 @@ BEGIN
     END IF;
     -- (The policy read after the lock, in a statement of its own: a snapshot taken
     -- before a wait for channel_set would miss the policy it set.)
-    PERFORM pg_advisory_xact_lock_shared(fairq.policy_lock_class(), fairq.policy_lock_key(v_message.channel_id));
+    PERFORM fairq.policy_locks_shared(ARRAY[v_message.channel_id], ARRAY[v_message.queue_id], false);
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     IF v_channel.max_concurrency IS NOT NULL THEN
         v_channel := fairq.channel_lock(v_channel.id);
@@ -353,7 +358,7 @@ BEGIN
     -- An operator's retry is not subject to max_size, and carries no dedup key.
     SELECT * INTO v_channel
       FROM fairq.channels_for_producer(fairq.queue_for_producer(v_dead.queue, 'queue'), ARRAY[v_dead.channel]);
-    PERFORM fairq.channels_wake(ARRAY[v_channel.id], ARRAY[v_now], v_now);
+    PERFORM fairq.channels_wake(v_channel.queue_id, ARRAY[v_channel.id], ARRAY[v_now], v_now);
     PERFORM fairq.channel_resize(v_channel, 1, false);
     -- num_attempts goes on counting (it is the fencing token: a holder from before the
     -- message died must stay stale); max_attempts counts afresh from here.

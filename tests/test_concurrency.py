@@ -345,13 +345,26 @@ RACE_MIN_WAKES = 1
 RACE_MAX_BACKLOG = 2_000  # producers pause above it: the final drain stays short
 
 
-def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: Any) -> None:
+# Past fairq.bulk_channels() (256) channels settled in one transaction, a dequeue
+# settles in bulk: the "bulk" race has workers take 400 messages a call over 1,500
+# sparse channels, while producers (single calls, which rely on a due channel staying
+# due, and batches) keep filling them, and runs until enough such calls happened.
+RACE_BULK_CALLS = 20
+
+
+@pytest.mark.parametrize("shape", ["batch", "bulk"])
+def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: Any, shape: str) -> None:
     """Batch producers over many sparse channels, with batch workers draining them as
     fast as they fill: channels go idle and are woken again all the time, and a
     producer that finds a channel's row held queues its wake instead of waiting
     (fairq.channels_wake). Every created message is completed exactly once, the queue
-    and the queued wakes end empty, and the race did queue wakes."""
-    channels = [f"w{i}" for i in range(60)]
+    and the queued wakes end empty, and the race did queue wakes. In the bulk shape the
+    workers' calls settle hundreds of channels each (bulk settle and policy locks)
+    while single producers rely on channels staying due."""
+    bulk = shape == "bulk"
+    channels = [f"w{i}" for i in range(1_500 if bulk else 60)]
+    per_call = 400 if bulk else 10
+    bulk_calls = [0]  # worker calls that handed out more than 256 messages
     stop = threading.Event()
     produced = threading.Event()  # every producer has stopped
     errors: list[BaseException] = []
@@ -370,8 +383,12 @@ def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: An
                         time.sleep(0.005)
                         continue
                     names = [rnd.choice(channels) for _ in range(20)]
-                    rows = conn.execute("SELECT id FROM fairq.message_create_batch(%s, %s)",
-                                        (names, [b"x"] * len(names))).fetchall()
+                    if bulk and seed % 2 == 0:
+                        rows = [conn.execute("SELECT id FROM fairq.message_create(%s, %s)",
+                                             (name, b"x")).fetchone() for name in names]
+                    else:
+                        rows = conn.execute("SELECT id FROM fairq.message_create_batch(%s, %s)",
+                                            (names, [b"x"] * len(names))).fetchall()
                     with lock:
                         created.extend(r[0] for r in rows)
         except BaseException as exc:  # reported below
@@ -381,8 +398,11 @@ def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: An
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 while True:
-                    got = conn.execute("SELECT id, num_attempts FROM fairq.message_dequeue(30000, 10)"
-                                       ).fetchall()
+                    got = conn.execute("SELECT id, num_attempts FROM fairq.message_dequeue(30000, %s)",
+                                       (per_call,)).fetchall()
+                    if len(got) > 256:
+                        with lock:
+                            bulk_calls[0] += 1
                     if got:
                         done = conn.execute(
                             "SELECT id FROM fairq.message_complete_batch(%s, %s)"
@@ -409,7 +429,9 @@ def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: An
     def raced_enough() -> bool:
         with lock:
             made = len(created)
-        return bool(errors) or (made >= RACE_MIN_CREATED and wakes_queued() >= RACE_MIN_WAKES)
+            big = bulk_calls[0]
+        return bool(errors) or (made >= RACE_MIN_CREATED and wakes_queued() >= RACE_MIN_WAKES
+                                and (not bulk or big >= RACE_BULK_CALLS))
 
     for t in threads:
         t.start()
@@ -433,9 +455,10 @@ def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: An
     db.execute("SELECT pg_stat_clear_snapshot()")
     queued = wakes_queued()
     lost = set(created) - set(completed)
-    print(f"\nbatch producers on idle channels: created {len(created)}, completed"
+    print(f"\n{shape} producers on idle channels: created {len(created)}, completed"
           f" {len(completed)}, lost {len(lost)}, completed twice"
-          f" {len(completed) - len(set(completed))}, wakes queued {queued}")
+          f" {len(completed) - len(set(completed))}, wakes queued {queued},"
+          f" calls of more than 256 {bulk_calls[0]}")
     assert not lost
     assert len(completed) == len(set(completed)) == len(created)
     assert db.execute("SELECT count(*) FROM fairq.message").fetchone() == (0,)
@@ -443,3 +466,4 @@ def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: An
     assert db.execute("SELECT * FROM fairq.check()").fetchall() == []
     assert raced and queued >= RACE_MIN_WAKES, \
         "the race never queued a wake: it did not test what it claims"
+    assert not bulk or bulk_calls[0] >= RACE_BULK_CALLS, "too few calls settled in bulk"

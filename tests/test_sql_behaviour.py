@@ -736,7 +736,7 @@ def test_a_transaction_producing_for_thousands_of_tenants_holds_few_locks(conn: 
     transaction. PostgreSQL's lock table is shared and bounded (64 entries per
     connection by default): a lock per channel held until commit would fill it, and
     every session's next lock would fail ("out of shared memory"). Past
-    fairq.bulk_producer_channels() channels the transaction holds one lock per queue
+    fairq.bulk_channels() channels the transaction holds one lock per queue
     instead, and every message is still delivered once."""
     names = [f"small-{i}" for i in range(10)]
     with conn.transaction():
@@ -753,4 +753,28 @@ def test_a_transaction_producing_for_thousands_of_tenants_holds_few_locks(conn: 
            for row in conn.execute("SELECT id FROM fairq.message_dequeue(30000, 1000)")]
     assert len(ids) == len(set(ids)) == 10 + 3_000 + 2
     assert dequeue_one(conn) is None
+    assert problems(conn) == []
+
+
+def test_draining_and_completing_thousands_of_tenants_at_once_holds_few_locks(conn: Conn) -> None:
+    """A worker that takes and completes messages in thousands at a time, one each
+    from thousands of sparse tenants: a dequeue held a settle lock, and a completion a
+    policy lock, per channel until commit (3,000 each on 0.7.6), enough to fill
+    PostgreSQL's shared lock table on a default server. Past fairq.bulk_channels()
+    channels a transaction holds one lock per queue instead; every channel still goes
+    idle when emptied, and a message created after is delivered."""
+    names = [f"tenant-{i}" for i in range(3_000)]
+    conn.execute("SELECT fairq.message_create_batch(%s, %s)", (names, [b"x"] * 3_000))
+    with conn.transaction():
+        got = conn.execute("SELECT id, num_attempts FROM fairq.message_dequeue(30000, 3000)").fetchall()
+        assert len(got) == len({g[0] for g in got}) == 3_000
+        assert advisory_locks(conn) <= 256 + 5
+    with conn.transaction():
+        done = conn.execute("SELECT status, count(*) FROM fairq.message_complete_batch(%s, %s)"
+                            " GROUP BY status", ([g[0] for g in got], [g[1] for g in got])).fetchall()
+        assert done == [("completed", 3_000)]
+        assert advisory_locks(conn) <= 5
+    assert conn.execute("SELECT count(*) FROM fairq.channel WHERE turn_at IS NOT NULL").fetchone() == (0,)
+    create(conn, "tenant-2999")
+    assert [d.channel for d in dequeue(conn, n=10)] == ["tenant-2999"]
     assert problems(conn) == []
