@@ -35,21 +35,44 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION fairq.locks_counted(text) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION fairq.goes_bulk(p_locks text, p_channels integer) RETURNS boolean
+CREATE OR REPLACE FUNCTION fairq.goes_bulk_recounted(p_locks text, p_class integer, p_channels integer)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_held integer;
+BEGIN
+    IF fairq.gone_bulk(p_locks) THEN
+        RETURN true;
+    END IF;
+    SELECT count(*) INTO v_held FROM pg_catalog.pg_locks l
+     WHERE l.pid = pg_catalog.pg_backend_pid() AND l.locktype = 'advisory'
+       AND l.classid = p_class::oid AND l.objsubid = 2;
+    IF v_held + p_channels <= fairq.bulk_channels() / 2 THEN
+        PERFORM set_config(p_locks, (v_held + p_channels)::text, true);
+        RETURN false;
+    END IF;
+    PERFORM set_config(p_locks, 'bulk', true);
+    RETURN true;
+END
+$$;
+REVOKE ALL ON FUNCTION fairq.goes_bulk_recounted(text, integer, integer) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION fairq.goes_bulk(p_locks text, p_class integer, p_channels integer) RETURNS boolean
 LANGUAGE sql
 AS $$
     SELECT CASE WHEN fairq.locks_counted(p_locks) + p_channels <= fairq.bulk_channels()
                 THEN p_channels > 0
                      AND set_config(p_locks, (fairq.locks_counted(p_locks) + p_channels)::text, true) IS NULL
-                ELSE set_config(p_locks, 'bulk', true) IS NOT NULL END
+                ELSE fairq.goes_bulk_recounted(p_locks, p_class, p_channels) END
 $$;
-REVOKE ALL ON FUNCTION fairq.goes_bulk(text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fairq.goes_bulk(text, integer, integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fairq.producing_in_bulk(p_queue_id integer, p_channels integer) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF NOT fairq.goes_bulk(fairq.producer_locks_setting(), p_channels) THEN
+    IF NOT fairq.goes_bulk(fairq.producer_locks_setting(), fairq.producer_lock_class(), p_channels) THEN
         RETURN false;
     END IF;
     PERFORM pg_advisory_xact_lock_shared(fairq.bulk_producer_lock_class(), p_queue_id);
@@ -62,13 +85,11 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1717660025 $$;
 REVOKE ALL ON FUNCTION fairq.bulk_policy_lock_class() FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION fairq.policy_locks_shared(p_channel_ids bigint[], p_queue_ids integer[],
-                                          p_counted boolean) RETURNS void
+CREATE OR REPLACE FUNCTION fairq.policy_locks_shared(p_channel_ids bigint[], p_queue_ids integer[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF fairq.goes_bulk(fairq.policy_locks_setting(),
-                       CASE WHEN p_counted THEN cardinality(p_channel_ids) ELSE 0 END) THEN
+    IF fairq.goes_bulk(fairq.policy_locks_setting(), fairq.policy_lock_class(), cardinality(p_channel_ids)) THEN
         PERFORM pg_advisory_xact_lock_shared(fairq.bulk_policy_lock_class(), q.id)
            FROM (SELECT DISTINCT u.id FROM unnest(p_queue_ids) AS u(id) ORDER BY u.id) q;
     ELSE
@@ -77,7 +98,7 @@ BEGIN
     END IF;
 END
 $$;
-REVOKE ALL ON FUNCTION fairq.policy_locks_shared(bigint[], integer[], boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fairq.policy_locks_shared(bigint[], integer[]) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fairq.bulk_settle_lock_class() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -95,7 +116,7 @@ REVOKE ALL ON FUNCTION fairq.lock_free(integer, integer) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION fairq.settle_lock_try(p_queue_id integer, p_channel text) RETURNS boolean
 LANGUAGE sql
 AS $$
-    SELECT CASE WHEN NOT fairq.goes_bulk(fairq.settle_locks_setting(), 1)
+    SELECT CASE WHEN NOT fairq.goes_bulk(fairq.settle_locks_setting(), fairq.settle_lock_class(), 1)
                 THEN pg_try_advisory_xact_lock(fairq.settle_lock_class(),
                                                fairq.producer_lock_key(p_queue_id, p_channel))
                 WHEN pg_try_advisory_xact_lock_shared(fairq.bulk_settle_lock_class(), p_queue_id)
@@ -375,10 +396,10 @@ BEGIN
     -- question whether the queue is being settled in bulk, before the row is read:
     -- while the lock is held, and unless that answer is yes, the channel stays as due
     -- as read here (fairq.channels_wake, which also queues the wake when it is not). A
-    -- transaction gone bulk holds its queue's bulk producer lock instead, and queues
-    -- the wake.
-    IF fairq.gone_bulk(fairq.producer_locks_setting()) THEN
-        v_settling := fairq.producing_in_bulk(v_queue_id, 0);
+    -- transaction bulk for producer locks (or going bulk with this channel) holds its
+    -- queue's bulk producer lock instead, and queues the wake.
+    IF fairq.producing_in_bulk(v_queue_id, 1) THEN
+        v_settling := true;
     ELSE
         SELECT NOT fairq.settle_lock_try_shared(v_queue_id, p_channel) INTO v_settling
           FROM (SELECT pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
@@ -485,7 +506,7 @@ BEGIN
     v_channel_ids := ARRAY(SELECT DISTINCT d.channel_id FROM unnest(v_done) AS d ORDER BY 1);
     -- The channels' policy locks (shared), so that channel_set cannot change their
     -- max_concurrency, and recount in_flight, before this commits.
-    PERFORM fairq.policy_locks_shared(v_channel_ids, ARRAY(SELECT d.queue_id FROM unnest(v_done) AS d), true);
+    PERFORM fairq.policy_locks_shared(v_channel_ids, ARRAY(SELECT d.queue_id FROM unnest(v_done) AS d));
     -- Only a capped channel needs its row, to free slots. Every other completion
     -- leaves its channel's row alone, so workers completing one tenant's messages do
     -- not queue behind each other, behind its dequeues or behind its producers.
@@ -577,7 +598,7 @@ BEGIN
     END IF;
     -- (The policy read after the lock, in a statement of its own: a snapshot taken
     -- before a wait for channel_set would miss the policy it set.)
-    PERFORM fairq.policy_locks_shared(ARRAY[v_message.channel_id], ARRAY[v_message.queue_id], false);
+    PERFORM fairq.policy_locks_shared(ARRAY[v_message.channel_id], ARRAY[v_message.queue_id]);
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     IF v_channel.max_concurrency IS NOT NULL THEN
         v_channel := fairq.channel_lock(v_channel.id);
@@ -593,6 +614,44 @@ BEGIN
         END IF;
     END IF;
     RETURN 'completed';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fairq.message_cancel(p_id bigint) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_message fairq.message;
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require(p_id, 'p_id');
+    DELETE FROM fairq.message WHERE id = p_id AND status <> 'locked'
+    RETURNING * INTO v_message;
+    IF NOT FOUND THEN
+        RETURN fairq.miss(p_id, 'locked');
+    END IF;
+    -- The producer lock only keeps channel_set from changing max_size under our feet
+    -- (in a transaction gone bulk, its queue's bulk producer lock does: it takes no
+    -- channel's producer lock after that, or it could wait in a cycle with channel_set).
+    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
+    IF NOT fairq.producing_in_bulk(v_channel.queue_id, 1) THEN
+        PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
+                                             fairq.producer_lock_key(v_channel.queue_id, v_channel.name));
+    END IF;
+    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
+    PERFORM fairq.record_history(v_message, v_channel.name, 'cancelled', v_now);
+    PERFORM fairq.channel_resize(v_channel, -1, false);
+    -- Nothing pending any more: the channel's turn (maybe far in the future) must go.
+    -- Only then is the row locked.
+    IF NOT EXISTS (SELECT 1 FROM fairq.pending_due_at(v_channel.id) AS p WHERE p.due_at IS NOT NULL) THEN
+        v_channel := fairq.channel_lock(v_channel.id);
+        v_channel.due_at := fairq.settled_due_at(v_channel.id, v_channel.queue_id, v_channel.name, v_now);
+        PERFORM fairq.channel_store(v_channel, v_now, false);
+    END IF;
+    RETURN 'cancelled';
 END
 $$;
 

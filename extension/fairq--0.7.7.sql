@@ -470,11 +470,11 @@ $$;
 --     sleeping worker holds on its own session (fairq.doorbell_hold);
 --   * PostgreSQL's lock table is shared and bounded (max_locks_per_transaction ×
 --     max_connections entries): of each kind of channel lock held to commit
---     (producer, settle, policy), a transaction takes at most
---     fairq.bulk_channels() in its batch calls and dequeues; past that it goes
---     bulk for that kind (one lock per queue instead). message_create and
---     message_complete, one channel per call, are not counted; nor is the collector,
---     which tries at most 1,000 channels a second.
+--     (producer, settle, policy), a transaction takes at most fairq.bulk_channels();
+--     past that it goes bulk for that kind (one lock per queue instead). Every call
+--     counts the channels it locks (fairq.goes_bulk), and the count never falls
+--     behind the locks held. The collector is not counted: it tries at most 1,000
+--     channels, once a second.
 
 -- The producer lock of a channel, keyed by queue and name: producers hold it shared
 -- while they insert; the collector tries it exclusively before it removes the
@@ -516,7 +516,8 @@ LANGUAGE sql STABLE PARALLEL SAFE
 AS $$ SELECT coalesce(current_setting(p_locks, true) = 'bulk', false) $$;
 
 -- How many channels' locks of the kind counted in setting p_locks this transaction
--- took: NULL once it went bulk for that kind.
+-- took: NULL once it went bulk for that kind. A call counts every channel it locks,
+-- again when it locks one again, so the count may run ahead of the locks held.
 CREATE FUNCTION fairq.locks_counted(p_locks text) RETURNS integer
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
@@ -525,20 +526,48 @@ AS $$
                 ELSE 0 END
 $$;
 
--- For a call about to take p_channels channels' locks of the kind counted in setting
--- p_locks: true when this transaction is bulk for that kind, or goes bulk now (past
--- fairq.bulk_channels()); then the caller takes its queue's bulk lock of that kind
--- instead. Otherwise counts them and returns false. With p_channels 0 it only asks.
--- (SQL, inlined into its callers: a dequeue asks once per channel it settles, and a
--- plpgsql call cost more than the lock. set_config returns the value it set, never
--- NULL.)
-CREATE FUNCTION fairq.goes_bulk(p_locks text, p_channels integer) RETURNS boolean
+-- fairq.goes_bulk once the count reaches the bound: the locks of class p_class this
+-- transaction really holds are counted in PostgreSQL's lock table (a read of the
+-- whole table, so at most once per half a bound of calls). Past half the bound the
+-- transaction goes bulk; below it counts on from what it holds, so that a
+-- transaction that creates or completes thousands of messages in a few channels,
+-- one call each, never goes bulk (and so never queues a wake per message).
+CREATE FUNCTION fairq.goes_bulk_recounted(p_locks text, p_class integer, p_channels integer)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_held integer;
+BEGIN
+    IF fairq.gone_bulk(p_locks) THEN
+        RETURN true;
+    END IF;
+    SELECT count(*) INTO v_held FROM pg_catalog.pg_locks l
+     WHERE l.pid = pg_catalog.pg_backend_pid() AND l.locktype = 'advisory'
+       AND l.classid = p_class::oid AND l.objsubid = 2;
+    IF v_held + p_channels <= fairq.bulk_channels() / 2 THEN
+        PERFORM set_config(p_locks, (v_held + p_channels)::text, true);
+        RETURN false;
+    END IF;
+    PERFORM set_config(p_locks, 'bulk', true);
+    RETURN true;
+END
+$$;
+
+-- For a call about to take p_channels channels' locks of class p_class, the kind
+-- counted in setting p_locks: true when this transaction is bulk for that kind, or
+-- goes bulk now (past fairq.bulk_channels()); then the caller takes its queue's bulk
+-- lock of that kind instead. Otherwise counts them and returns false. With
+-- p_channels 0 it only asks. (SQL, inlined into its callers: a dequeue asks once per
+-- channel it settles, and a plpgsql call cost more than the lock. set_config returns
+-- the value it set, never NULL.)
+CREATE FUNCTION fairq.goes_bulk(p_locks text, p_class integer, p_channels integer) RETURNS boolean
 LANGUAGE sql
 AS $$
     SELECT CASE WHEN fairq.locks_counted(p_locks) + p_channels <= fairq.bulk_channels()
                 THEN p_channels > 0
                      AND set_config(p_locks, (fairq.locks_counted(p_locks) + p_channels)::text, true) IS NULL
-                ELSE set_config(p_locks, 'bulk', true) IS NOT NULL END
+                ELSE fairq.goes_bulk_recounted(p_locks, p_class, p_channels) END
 $$;
 
 -- The bulk producer lock of a queue, keyed by its id: a producer transaction that
@@ -554,12 +583,12 @@ AS $$ SELECT 1717660023 $$;
 -- For a producer call about to take the producer locks of p_channels channels of
 -- queue p_queue_id: true when this transaction is bulk (or goes bulk now), holding
 -- the queue's bulk producer lock shared; then the call takes no channel's producer
--- lock. With p_channels 0 it only asks (message_create's path).
+-- lock.
 CREATE FUNCTION fairq.producing_in_bulk(p_queue_id integer, p_channels integer) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF NOT fairq.goes_bulk(fairq.producer_locks_setting(), p_channels) THEN
+    IF NOT fairq.goes_bulk(fairq.producer_locks_setting(), fairq.producer_lock_class(), p_channels) THEN
         RETURN false;
     END IF;
     PERFORM pg_advisory_xact_lock_shared(fairq.bulk_producer_lock_class(), p_queue_id);
@@ -588,16 +617,13 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1717660025 $$;
 
 -- For a completion: holds the policy locks of channels p_channel_ids (distinct, in id
--- order) shared, or, in a transaction bulk for policy locks, the bulk policy locks of
--- their queues p_queue_ids (in queue id order). p_counted: the channels count toward
--- the bound (batch calls; message_complete's one channel does not).
-CREATE FUNCTION fairq.policy_locks_shared(p_channel_ids bigint[], p_queue_ids integer[],
-                                          p_counted boolean) RETURNS void
+-- order) shared, or, in a transaction bulk for policy locks (or going bulk with
+-- these), the bulk policy locks of their queues p_queue_ids (in queue id order).
+CREATE FUNCTION fairq.policy_locks_shared(p_channel_ids bigint[], p_queue_ids integer[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF fairq.goes_bulk(fairq.policy_locks_setting(),
-                       CASE WHEN p_counted THEN cardinality(p_channel_ids) ELSE 0 END) THEN
+    IF fairq.goes_bulk(fairq.policy_locks_setting(), fairq.policy_lock_class(), cardinality(p_channel_ids)) THEN
         PERFORM pg_advisory_xact_lock_shared(fairq.bulk_policy_lock_class(), q.id)
            FROM (SELECT DISTINCT u.id FROM unnest(p_queue_ids) AS u(id) ORDER BY u.id) q;
     ELSE
@@ -663,7 +689,7 @@ $$;
 CREATE FUNCTION fairq.settle_lock_try(p_queue_id integer, p_channel text) RETURNS boolean
 LANGUAGE sql
 AS $$
-    SELECT CASE WHEN NOT fairq.goes_bulk(fairq.settle_locks_setting(), 1)
+    SELECT CASE WHEN NOT fairq.goes_bulk(fairq.settle_locks_setting(), fairq.settle_lock_class(), 1)
                 THEN pg_try_advisory_xact_lock(fairq.settle_lock_class(),
                                                fairq.producer_lock_key(p_queue_id, p_channel))
                 WHEN pg_try_advisory_xact_lock_shared(fairq.bulk_settle_lock_class(), p_queue_id)
@@ -2073,10 +2099,10 @@ BEGIN
     -- question whether the queue is being settled in bulk, before the row is read:
     -- while the lock is held, and unless that answer is yes, the channel stays as due
     -- as read here (fairq.channels_wake, which also queues the wake when it is not). A
-    -- transaction gone bulk holds its queue's bulk producer lock instead, and queues
-    -- the wake.
-    IF fairq.gone_bulk(fairq.producer_locks_setting()) THEN
-        v_settling := fairq.producing_in_bulk(v_queue_id, 0);
+    -- transaction bulk for producer locks (or going bulk with this channel) holds its
+    -- queue's bulk producer lock instead, and queues the wake.
+    IF fairq.producing_in_bulk(v_queue_id, 1) THEN
+        v_settling := true;
     ELSE
         SELECT NOT fairq.settle_lock_try_shared(v_queue_id, p_channel) INTO v_settling
           FROM (SELECT pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
@@ -2618,8 +2644,8 @@ COMMENT ON FUNCTION fairq.message_dequeue(bigint, integer, text) IS
 --     holder: nobody else has been handed the message;
 --   * leaving 'locked' frees exactly one concurrency slot of a capped channel, under
 --     the channel lock; completing an uncapped channel's message takes only its
---     policy lock (shared; past fairq.bulk_channels() channels in a transaction's
---     batches, its queue's bulk policy lock): a channel left empty stays, idle, for
+--     policy lock (shared; past fairq.bulk_channels() channels in a transaction,
+--     its queue's bulk policy lock): a channel left empty stays, idle, for
 --     the collector;
 --   * lock order: the message (the fenced UPDATE/DELETE), then its channel, then its
 --     channel_size row. Batches lock all their messages first, in id order.
@@ -2712,7 +2738,7 @@ BEGIN
     v_channel_ids := ARRAY(SELECT DISTINCT d.channel_id FROM unnest(v_done) AS d ORDER BY 1);
     -- The channels' policy locks (shared), so that channel_set cannot change their
     -- max_concurrency, and recount in_flight, before this commits.
-    PERFORM fairq.policy_locks_shared(v_channel_ids, ARRAY(SELECT d.queue_id FROM unnest(v_done) AS d), true);
+    PERFORM fairq.policy_locks_shared(v_channel_ids, ARRAY(SELECT d.queue_id FROM unnest(v_done) AS d));
     -- Only a capped channel needs its row, to free slots. Every other completion
     -- leaves its channel's row alone, so workers completing one tenant's messages do
     -- not queue behind each other, behind its dequeues or behind its producers.
@@ -2806,7 +2832,7 @@ BEGIN
     END IF;
     -- (The policy read after the lock, in a statement of its own: a snapshot taken
     -- before a wait for channel_set would miss the policy it set.)
-    PERFORM fairq.policy_locks_shared(ARRAY[v_message.channel_id], ARRAY[v_message.queue_id], false);
+    PERFORM fairq.policy_locks_shared(ARRAY[v_message.channel_id], ARRAY[v_message.queue_id]);
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     IF v_channel.max_concurrency IS NOT NULL THEN
         v_channel := fairq.channel_lock(v_channel.id);
@@ -2932,7 +2958,7 @@ BEGIN
     -- (in a transaction gone bulk, its queue's bulk producer lock does: it takes no
     -- channel's producer lock after that, or it could wait in a cycle with channel_set).
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
-    IF NOT fairq.producing_in_bulk(v_channel.queue_id, 0) THEN
+    IF NOT fairq.producing_in_bulk(v_channel.queue_id, 1) THEN
         PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
                                              fairq.producer_lock_key(v_channel.queue_id, v_channel.name));
     END IF;

@@ -245,10 +245,10 @@ BEGIN
     -- question whether the queue is being settled in bulk, before the row is read:
     -- while the lock is held, and unless that answer is yes, the channel stays as due
     -- as read here (fairq.channels_wake, which also queues the wake when it is not). A
-    -- transaction gone bulk holds its queue's bulk producer lock instead, and queues
-    -- the wake.
-    IF fairq.gone_bulk(fairq.producer_locks_setting()) THEN
-        v_settling := fairq.producing_in_bulk(v_queue_id, 0);
+    -- transaction bulk for producer locks (or going bulk with this channel) holds its
+    -- queue's bulk producer lock instead, and queues the wake.
+    IF fairq.producing_in_bulk(v_queue_id, 1) THEN
+        v_settling := true;
     ELSE
         SELECT NOT fairq.settle_lock_try_shared(v_queue_id, p_channel) INTO v_settling
           FROM (SELECT pg_advisory_xact_lock_shared(fairq.producer_lock_class(),

@@ -8,8 +8,8 @@
 --     holder: nobody else has been handed the message;
 --   * leaving 'locked' frees exactly one concurrency slot of a capped channel, under
 --     the channel lock; completing an uncapped channel's message takes only its
---     policy lock (shared; past fairq.bulk_channels() channels in a transaction's
---     batches, its queue's bulk policy lock): a channel left empty stays, idle, for
+--     policy lock (shared; past fairq.bulk_channels() channels in a transaction,
+--     its queue's bulk policy lock): a channel left empty stays, idle, for
 --     the collector;
 --   * lock order: the message (the fenced UPDATE/DELETE), then its channel, then its
 --     channel_size row. Batches lock all their messages first, in id order.
@@ -102,7 +102,7 @@ BEGIN
     v_channel_ids := ARRAY(SELECT DISTINCT d.channel_id FROM unnest(v_done) AS d ORDER BY 1);
     -- The channels' policy locks (shared), so that channel_set cannot change their
     -- max_concurrency, and recount in_flight, before this commits.
-    PERFORM fairq.policy_locks_shared(v_channel_ids, ARRAY(SELECT d.queue_id FROM unnest(v_done) AS d), true);
+    PERFORM fairq.policy_locks_shared(v_channel_ids, ARRAY(SELECT d.queue_id FROM unnest(v_done) AS d));
     -- Only a capped channel needs its row, to free slots. Every other completion
     -- leaves its channel's row alone, so workers completing one tenant's messages do
     -- not queue behind each other, behind its dequeues or behind its producers.
@@ -196,7 +196,7 @@ BEGIN
     END IF;
     -- (The policy read after the lock, in a statement of its own: a snapshot taken
     -- before a wait for channel_set would miss the policy it set.)
-    PERFORM fairq.policy_locks_shared(ARRAY[v_message.channel_id], ARRAY[v_message.queue_id], false);
+    PERFORM fairq.policy_locks_shared(ARRAY[v_message.channel_id], ARRAY[v_message.queue_id]);
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     IF v_channel.max_concurrency IS NOT NULL THEN
         v_channel := fairq.channel_lock(v_channel.id);
@@ -322,7 +322,7 @@ BEGIN
     -- (in a transaction gone bulk, its queue's bulk producer lock does: it takes no
     -- channel's producer lock after that, or it could wait in a cycle with channel_set).
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
-    IF NOT fairq.producing_in_bulk(v_channel.queue_id, 0) THEN
+    IF NOT fairq.producing_in_bulk(v_channel.queue_id, 1) THEN
         PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
                                              fairq.producer_lock_key(v_channel.queue_id, v_channel.name));
     END IF;

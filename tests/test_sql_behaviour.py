@@ -778,3 +778,43 @@ def test_draining_and_completing_thousands_of_tenants_at_once_holds_few_locks(co
     create(conn, "tenant-2999")
     assert [d.channel for d in dequeue(conn, n=10)] == ["tenant-2999"]
     assert problems(conn) == []
+
+
+def test_a_transaction_of_single_calls_for_thousands_of_tenants_holds_few_locks(conn: Conn) -> None:
+    """The same bound for a loop of single calls in one transaction (an application
+    enqueueing per tenant inside its own transaction, a script completing what it
+    handled): message_create and message_complete count their channel too (0.7.6
+    held two locks per channel created into, once the channels existed, and one per
+    channel completed)."""
+    names = [f"tenant-{i}" for i in range(1_000)]
+    conn.execute("SELECT fairq.message_create_batch(%s, %s)", (names, [b"x"] * 1_000))
+    conn.execute("SELECT fairq.message_complete_batch(array_agg(id), array_agg(num_attempts))"
+                 " FROM fairq.message_dequeue(30000, 1000)")  # the tenants are known, and idle
+    with conn.transaction():
+        for name in names:
+            create(conn, name)
+        assert advisory_locks(conn) <= 2 * 256 + 5
+    got = conn.execute("SELECT id, num_attempts FROM fairq.message_dequeue(30000, 1000)").fetchall()
+    assert len(got) == 1_000
+    with conn.transaction():
+        for message_id, attempts in got:
+            assert call(conn, "message_complete", message_id, attempts) == "completed"
+        assert advisory_locks(conn) <= 256 + 5
+    create(conn, "tenant-7")
+    assert [d.channel for d in dequeue(conn, n=10)] == ["tenant-7"]
+    assert problems(conn) == []
+
+
+def test_a_transaction_of_many_single_creates_in_few_channels_queues_few_wakes(conn: Conn) -> None:
+    """Counting every call toward the lock bound must not push a transaction that
+    enqueues hundreds of messages for a few tenants into bulk mode, where each
+    message queues its own wake (rows the workers then delete): past the bound it
+    counts the locks it really holds."""
+    with conn.transaction():
+        for i in range(600):
+            create(conn, f"tenant-{i % 3}")
+        row = conn.execute("SELECT current_setting('fairq.producer_locks', true),"
+                           " (SELECT count(*) FROM fairq.channel_wake)").fetchone()
+    assert row is not None and row[0] != "bulk" and row[1] == 3
+    assert len(dequeue(conn, n=1_000)) == 600
+    assert problems(conn) == []
