@@ -135,7 +135,9 @@ BEGIN
     END LOOP;
 
     -- Everything else is inserted in one statement. A conflict here means a
-    -- concurrent producer committed the same dedup key meanwhile.
+    -- concurrent producer committed the same dedup key meanwhile. (Only messages with
+    -- a key are inserted with ON CONFLICT: a speculative insertion writes a
+    -- confirmation record per row, a tenth of a create's WAL.)
     WITH candidate AS MATERIALIZED (
         SELECT x.*, nextval('fairq.message_id_seq') AS new_id
           FROM (SELECT u.i, u.channel_id, u.content, coalesce(u.dequeue_at, v_now) AS dequeue_at,
@@ -147,20 +149,31 @@ BEGIN
                  WHERE u.first_of = u.i AND u.status IS NULL
                  ORDER BY u.i
                 OFFSET 0) x
-    ), inserted AS (
+    ), to_insert AS (
+        SELECT c.i, c.new_id, c.channel_id,
+               CASE WHEN c.dequeue_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status AS status,
+               c.priority, c.dequeue_at, v_now AS created_at, c.dedup_key, c.content, v_queue_id AS queue_id
+          FROM candidate c
+    ), unkeyed AS (
         INSERT INTO fairq.message
             (id, channel_id, status, priority, dequeue_at, created_at, dedup_key, content, queue_id)
-        SELECT c.new_id, c.channel_id,
-               CASE WHEN c.dequeue_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status,
-               c.priority, c.dequeue_at, v_now, c.dedup_key, c.content, v_queue_id
-          FROM candidate c
-         ORDER BY c.i
+        SELECT r.new_id, r.channel_id, r.status, r.priority, r.dequeue_at, r.created_at, r.dedup_key,
+               r.content, r.queue_id
+          FROM to_insert r WHERE r.dedup_key IS NULL ORDER BY r.i
+        RETURNING fairq.message.id
+    ), keyed AS (
+        INSERT INTO fairq.message
+            (id, channel_id, status, priority, dequeue_at, created_at, dedup_key, content, queue_id)
+        SELECT r.new_id, r.channel_id, r.status, r.priority, r.dequeue_at, r.created_at, r.dedup_key,
+               r.content, r.queue_id
+          FROM to_insert r WHERE r.dedup_key IS NOT NULL ORDER BY r.i
         ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         RETURNING fairq.message.id
     )
     SELECT coalesce(array_agg(c.i::integer ORDER BY c.i), '{}'),
            coalesce(array_agg(c.new_id ORDER BY c.i), '{}'),
-           coalesce(array_agg(c.new_id IN (SELECT n.id FROM inserted n) ORDER BY c.i), '{}')
+           coalesce(array_agg(c.new_id IN (SELECT n.id FROM unkeyed n UNION ALL SELECT n.id FROM keyed n)
+                              ORDER BY c.i), '{}')
       INTO v_candidates, v_new_ids, v_inserted
       FROM candidate c;
     FOR i IN 1 .. cardinality(v_candidates) LOOP
@@ -233,6 +246,7 @@ DECLARE
     v_settling boolean;  -- a call is deciding whether the channel goes idle
     v_wakes boolean;  -- the message brings its channel's turn forward: a wake is queued
     v_id bigint;
+    v_duplicate bigint;  -- the live message that already has p_dedup_key
 BEGIN
     -- (Each statement costs; the checks are one, in argument order.)
     PERFORM fairq.require_channel_name(p_channel, 'p_channel'), fairq.require(p_content, 'p_content'),
@@ -271,36 +285,45 @@ BEGIN
     END IF;
     -- The batch path's order, for one message: look for a live message with the same
     -- dedup key, insert, then queue the channel's wake if the message needs one.
-    IF p_dedup_key IS NOT NULL THEN
-        SELECT m.id INTO v_id FROM fairq.message m
-         WHERE m.channel_id = v_channel.id AND m.dedup_key = p_dedup_key;
-    END IF;
-    IF v_id IS NULL THEN
-        INSERT INTO fairq.message (channel_id, status, priority, dequeue_at, created_at, dedup_key, content,
-                                   queue_id)
+    IF p_dedup_key IS NULL THEN
+        -- (No ON CONFLICT without a key: a speculative insertion writes a confirmation
+        -- record per row, a tenth of a create's WAL, for a conflict that cannot happen.)
+        INSERT INTO fairq.message (channel_id, status, priority, dequeue_at, created_at, content, queue_id)
         VALUES (v_channel.id,
                 CASE WHEN v_due_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status,
-                coalesce(p_priority, 0), v_due_at, v_now, p_dedup_key, p_content, v_queue_id)
-        ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+                coalesce(p_priority, 0), v_due_at, v_now, p_content, v_queue_id)
         RETURNING fairq.message.id INTO v_id;
-        IF v_id IS NOT NULL THEN
-            v_wakes := (v_settling OR fairq.needs_wake(v_channel.due_at, v_due_at, v_now))
-                       AND cardinality(fairq.channels_wake(v_queue_id, ARRAY[v_channel.id], ARRAY[v_due_at], v_now)) > 0;
-            IF fairq.events_wanted(v_wakes) THEN
-                IF fairq.worker_sleeps(v_queue_id) THEN
-                    PERFORM fairq.notify_event('created', v_queue_id, p_channel, v_id, v_due_at);
-                END IF;
+    ELSE
+        SELECT m.id INTO v_duplicate FROM fairq.message m
+         WHERE m.channel_id = v_channel.id AND m.dedup_key = p_dedup_key;
+        IF v_duplicate IS NULL THEN
+            INSERT INTO fairq.message (channel_id, status, priority, dequeue_at, created_at, dedup_key,
+                                       content, queue_id)
+            VALUES (v_channel.id,
+                    CASE WHEN v_due_at <= v_now THEN 'ready' ELSE 'scheduled' END::fairq.message_status,
+                    coalesce(p_priority, 0), v_due_at, v_now, p_dedup_key, p_content, v_queue_id)
+            ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+            RETURNING fairq.message.id INTO v_id;
+        END IF;
+        IF v_id IS NULL THEN
+            IF v_duplicate IS NULL THEN  -- another producer committed the key since the lookup
+                SELECT m.id INTO v_duplicate FROM fairq.message m
+                 WHERE m.channel_id = v_channel.id AND m.dedup_key = p_dedup_key;
             END IF;
-            id := v_id;
-            status := 'created';
-            RETURN NEXT;
+            RETURN QUERY SELECT v_duplicate, 'duplicate'::text;
             RETURN;
         END IF;
-        -- Another producer committed the same dedup key since the lookup.
-        SELECT m.id INTO v_id FROM fairq.message m
-         WHERE m.channel_id = v_channel.id AND m.dedup_key = p_dedup_key;
     END IF;
-    RETURN QUERY SELECT v_id, 'duplicate'::text;
+    v_wakes := (v_settling OR fairq.needs_wake(v_channel.due_at, v_due_at, v_now))
+               AND cardinality(fairq.channels_wake(v_queue_id, ARRAY[v_channel.id], ARRAY[v_due_at], v_now)) > 0;
+    IF fairq.events_wanted(v_wakes) THEN
+        IF fairq.worker_sleeps(v_queue_id) THEN
+            PERFORM fairq.notify_event('created', v_queue_id, p_channel, v_id, v_due_at);
+        END IF;
+    END IF;
+    id := v_id;
+    status := 'created';
+    RETURN NEXT;
 END
 $$;
 
