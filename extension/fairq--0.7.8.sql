@@ -575,7 +575,8 @@ $$;
 -- channels holds this one shared instead, for every queue it produces into from then
 -- on (it "goes bulk": a Spark partition, a big batch); whoever tries or waits for a
 -- channel's producer lock exclusively takes this one exclusively after it. A bulk
--- producer never relies on a channel staying due: it queues every channel's wake.
+-- producer never relies on a channel staying due: it queues every channel's wake,
+-- once per transaction (fairq.woken_here).
 CREATE FUNCTION fairq.bulk_producer_lock_class() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1717660023 $$;
@@ -1449,6 +1450,22 @@ AS $$
     SELECT p_channel_due_at IS NULL OR (p_due_at < p_channel_due_at AND p_channel_due_at > p_now)
 $$;
 
+-- True when this transaction itself queued a wake of channel p_channel_id that brings
+-- its turn to p_due_at or earlier. Such a wake is committed with the messages that
+-- need it, or with none of them, so it serves them as well as a second wake would
+-- (a transaction gone bulk relies on nothing else: without this, one that loaded a
+-- million messages in batches queued a wake per channel per batch, and each batch
+-- read more of them). Only the top transaction's rows count: a wake queued in a
+-- subtransaction may roll back without the messages, one queued by another
+-- transaction may be applied before they commit.
+CREATE FUNCTION fairq.woken_here(p_channel_id bigint, p_due_at timestamptz) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (SELECT 1 FROM fairq.channel_wake w
+                    WHERE w.channel_id = p_channel_id AND w.due_at <= p_due_at
+                      AND w.xmin::text = (pg_current_xact_id()::text::bigint % 4294967296)::text)
+$$;
+
 -- The channels p_channel_ids as the next dequeue will see them, with the due times
 -- p_due_ats that producers' new messages need: their pending due time includes the
 -- wakes already queued (those of producers still open are not seen; a second wake is
@@ -1480,7 +1497,8 @@ $$;
 -- call is deciding whether the channel goes idle, and may not see these messages),
 -- the wake is queued anyway, and so is it for
 -- a channel that needed one at the first look, and by a transaction gone bulk (which
--- takes no channel's lock): a second wake is harmless, and the producer never waits.
+-- takes no channel's lock) unless it queued one itself (fairq.woken_here): a second
+-- wake is harmless, and the producer never waits.
 -- A producer never locks a channel row: one that did, for a wake, kept it until
 -- commit, so an open producer transaction hid the channel's other messages from
 -- workers and made its completions wait. Returns the channels woken.
@@ -1494,8 +1512,9 @@ DECLARE
 BEGIN
     v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
                        WHERE fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
-                          OR fairq.gone_bulk(fairq.producer_locks_setting())
-                          OR NOT fairq.settle_lock_try_shared(k.queue_id, k.name));
+                          OR CASE WHEN fairq.gone_bulk(fairq.producer_locks_setting())
+                                  THEN NOT fairq.woken_here(k.id, k.due_at)
+                                  ELSE NOT fairq.settle_lock_try_shared(k.queue_id, k.name) END);
     -- With the settle locks held: one settling in bulk would not see them.
     IF cardinality(v_forced) < cardinality(p_channel_ids) AND fairq.bulk_settling(p_queue_id) THEN
         v_forced := p_channel_ids;

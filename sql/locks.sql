@@ -124,7 +124,8 @@ $$;
 -- channels holds this one shared instead, for every queue it produces into from then
 -- on (it "goes bulk": a Spark partition, a big batch); whoever tries or waits for a
 -- channel's producer lock exclusively takes this one exclusively after it. A bulk
--- producer never relies on a channel staying due: it queues every channel's wake.
+-- producer never relies on a channel staying due: it queues every channel's wake,
+-- once per transaction (fairq.woken_here).
 CREATE FUNCTION fairq.bulk_producer_lock_class() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1717660023 $$;
