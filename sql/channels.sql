@@ -174,13 +174,17 @@ $$;
 -- million messages in batches queued a wake per channel per batch, and each batch
 -- read more of them). Only the top transaction's rows count: a wake queued in a
 -- subtransaction may roll back without the messages, one queued by another
--- transaction may be applied before they commit.
+-- transaction may be applied before they commit. Only the latest wake due by
+-- p_due_at is looked at (one index probe): other transactions' wakes can be
+-- thousands, and when one of them is the latest, a wake queued now is the latest at
+-- this transaction's next call.
 CREATE FUNCTION fairq.woken_here(p_channel_id bigint, p_due_at timestamptz) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
-    SELECT EXISTS (SELECT 1 FROM fairq.channel_wake w
-                    WHERE w.channel_id = p_channel_id AND w.due_at <= p_due_at
-                      AND w.xmin::text = (pg_current_xact_id()::text::bigint % 4294967296)::text)
+    SELECT coalesce((SELECT w.xmin::text = (pg_current_xact_id()::text::bigint % 4294967296)::text
+                       FROM fairq.channel_wake w
+                      WHERE w.channel_id = p_channel_id AND w.due_at <= p_due_at
+                      ORDER BY w.due_at DESC LIMIT 1), false)
 $$;
 
 -- The channels p_channel_ids as the next dequeue will see them, with the due times

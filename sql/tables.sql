@@ -104,7 +104,11 @@ CREATE TABLE fairq.channel_wake (
     queue_id   integer     NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
         autovacuum_vacuum_cost_delay = 0);
-CREATE INDEX channel_wake_channel_ix ON fairq.channel_wake (channel_id);
+-- A channel's wakes, earliest due first: a producer asks for the earliest, and for
+-- the latest due by its message's time, in one probe however many are queued (a
+-- producer gone bulk queues one per channel per transaction, and until dequeues
+-- apply them they add up: with the channel alone, each call read them all).
+CREATE INDEX channel_wake_channel_ix ON fairq.channel_wake (channel_id, due_at);
 -- Wakes by the turn they give (rate limits aside): dequeues apply the earliest first.
 CREATE INDEX channel_wake_turn_ix ON fairq.channel_wake (queue_id, (GREATEST(due_at, woken_at)), turn_seq);
 
