@@ -90,6 +90,7 @@ DECLARE
     v_ttl interval := coalesce(nullif(current_setting('fairq.idle_channel_ttl', true), '')::interval,
                                interval '10 s');
     v_quiet bigint[];
+    v_in_flight bigint[];
     v_removed integer;
 BEGIN
     v_quiet := ARRAY(
@@ -103,16 +104,16 @@ BEGIN
     IF cardinality(v_quiet) = 0 THEN
         RETURN 0;
     END IF;
+    -- The channels with a message in flight, in one statement (one index lookup per
+    -- channel: see message_locked_ix). No message of these channels can be locked
+    -- after it: their rows are held here.
+    v_in_flight := ARRAY(SELECT DISTINCT m.channel_id FROM fairq.message m
+                          WHERE m.channel_id = ANY (v_quiet) AND m.status = 'locked');
     -- (Scalar subqueries by status: each is one lookup in a partial index, whatever
     -- the planner thinks of those indexes' sizes.)
     DELETE FROM fairq.channel c
-     WHERE c.id = ANY (v_quiet)
+     WHERE c.id = ANY (v_quiet) AND NOT c.id = ANY (v_in_flight)
        AND (SELECT p.due_at FROM fairq.pending_due_at(c.id) AS p) IS NULL
-       -- (The queue too, so that message_locked_ix, by queue and expiry, is never
-       -- read whole for one channel: PostgreSQL 18 chose it.)
-       AND (SELECT m.id FROM fairq.message m
-             WHERE m.queue_id = c.queue_id AND m.channel_id = c.id AND m.status = 'locked'
-             LIMIT 1) IS NULL
        AND (SELECT w.channel_id FROM fairq.channel_wake w WHERE w.channel_id = c.id LIMIT 1) IS NULL;
     GET DIAGNOSTICS v_removed = ROW_COUNT;
     RETURN v_removed;
@@ -441,20 +442,71 @@ $$;
 -- max_size; waiting out completions, bulk ones too, makes them and in_flight agree
 -- on max_concurrency. (The row stays: collecting it would need the producer lock
 -- held here.)
+-- A worker's transaction may complete a message and then produce on its channel
+-- (policy lock, then producer lock), or the other way round, and no single order of
+-- the two kinds suits both: holding one kind while waiting for the other deadlocked
+-- with one of them. So the first kind is waited for as long as it takes, the second
+-- only for fairq.second_lock_wait() (well below PostgreSQL's deadlock_timeout); past
+-- that, everything taken here is let go and the kinds are taken the other way round.
+-- A transaction that needs the lock held here then waits at most that long, and a
+-- holder that needs nothing more is waited for in full, in the next round.
+CREATE FUNCTION fairq.second_lock_wait() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '50 milliseconds' $$;
+
 CREATE FUNCTION fairq.channel_for_policy(p_queue_id integer, p_channel text) RETURNS fairq.channel
 LANGUAGE plpgsql
 AS $$
 DECLARE
+    v_caller_lock_timeout CONSTANT text := current_setting('lock_timeout');
+    -- The caller's own lock_timeout still bounds every wait, the second's too.
+    v_second_lock_timeout CONSTANT text :=
+        CASE WHEN v_caller_lock_timeout::interval > interval '0'
+                  AND v_caller_lock_timeout::interval < fairq.second_lock_wait()
+             THEN v_caller_lock_timeout
+             ELSE (extract(epoch FROM fairq.second_lock_wait()) * 1000)::bigint || 'ms' END;
+    v_policy_first boolean := false;
+    v_waiting_for_second boolean;
     v_channel_id bigint;
 BEGIN
-    PERFORM pg_advisory_xact_lock(fairq.producer_lock_class(), fairq.producer_lock_key(p_queue_id, p_channel));
-    PERFORM pg_advisory_xact_lock(fairq.bulk_producer_lock_class(), p_queue_id);
-    INSERT INTO fairq.channel (queue_id, name) VALUES (p_queue_id, p_channel)
-    ON CONFLICT (queue_id, name) DO NOTHING;
-    SELECT c.id INTO v_channel_id FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = p_channel;
-    PERFORM pg_advisory_xact_lock(fairq.policy_lock_class(), fairq.policy_lock_key(v_channel_id));
-    PERFORM pg_advisory_xact_lock(fairq.bulk_policy_lock_class(), p_queue_id);
-    RETURN fairq.channel_lock(v_channel_id);
+    LOOP
+        v_waiting_for_second := false;
+        v_channel_id := NULL;
+        BEGIN  -- a subtransaction: its rollback lets go of the locks taken in it
+            IF v_policy_first THEN
+                -- (A channel not made yet has nothing in flight: no completion to wait for.)
+                v_channel_id := (SELECT c.id FROM fairq.channel c
+                                  WHERE c.queue_id = p_queue_id AND c.name = p_channel);
+                PERFORM pg_advisory_xact_lock(fairq.policy_lock_class(), fairq.policy_lock_key(v_channel_id))
+                 WHERE v_channel_id IS NOT NULL;
+                PERFORM pg_advisory_xact_lock(fairq.bulk_policy_lock_class(), p_queue_id);
+            END IF;
+            v_waiting_for_second := v_policy_first;
+            PERFORM set_config('lock_timeout', v_second_lock_timeout, true) WHERE v_policy_first;
+            PERFORM pg_advisory_xact_lock(fairq.producer_lock_class(), fairq.producer_lock_key(p_queue_id, p_channel));
+            PERFORM pg_advisory_xact_lock(fairq.bulk_producer_lock_class(), p_queue_id);
+            INSERT INTO fairq.channel (queue_id, name) VALUES (p_queue_id, p_channel)
+            ON CONFLICT (queue_id, name) DO NOTHING;
+            IF v_channel_id IS DISTINCT FROM (SELECT c.id FROM fairq.channel c
+                                               WHERE c.queue_id = p_queue_id AND c.name = p_channel) THEN
+                -- Policy second, or the channel was collected (or made) before the
+                -- producer lock kept it: its row now is the one to lock.
+                v_channel_id := (SELECT c.id FROM fairq.channel c
+                                  WHERE c.queue_id = p_queue_id AND c.name = p_channel);
+                v_waiting_for_second := true;
+                PERFORM set_config('lock_timeout', v_second_lock_timeout, true);
+                PERFORM pg_advisory_xact_lock(fairq.policy_lock_class(), fairq.policy_lock_key(v_channel_id));
+                PERFORM pg_advisory_xact_lock(fairq.bulk_policy_lock_class(), p_queue_id);
+            END IF;
+            PERFORM set_config('lock_timeout', v_caller_lock_timeout, true);
+            RETURN fairq.channel_lock(v_channel_id);
+        EXCEPTION WHEN lock_not_available THEN
+            IF NOT v_waiting_for_second THEN
+                RAISE;
+            END IF;
+        END;
+        v_policy_first := NOT v_policy_first;
+    END LOOP;
 END
 $$;
 

@@ -77,8 +77,9 @@ DECLARE
     v_count integer := 0;
 BEGIN
     FOR v_message IN
+        -- (Only locked messages have a locked_until: message_locked_ix is keyed on it.)
         SELECT * FROM fairq.message
-         WHERE queue_id = p_queue_id AND status = 'locked' AND locked_until <= p_now
+         WHERE queue_id = p_queue_id AND locked_until <= p_now
          ORDER BY locked_until
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
@@ -259,7 +260,7 @@ BEGIN
     --     and two probes cost less than the call.
     SELECT q.id, q.paused_until,
            (SELECT m.id FROM fairq.message m
-             WHERE m.queue_id = q.id AND m.status = 'locked' AND m.locked_until <= v_now
+             WHERE m.queue_id = q.id AND m.locked_until <= v_now
              ORDER BY m.locked_until LIMIT 1) IS NOT NULL,
            EXISTS (SELECT 1 FROM fairq.channel c
                     WHERE c.queue_id = q.id

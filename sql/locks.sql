@@ -9,8 +9,12 @@
 --     The dequeue takes channel rows only with SKIP LOCKED, or by waiting while it
 --     holds no other lock, and advisory locks only by trying, so fairq calls do not
 --     wait for one another in a cycle (a dequeue that buries a message may still wait
---     for a bounded channel's size row). The settle locks are only ever tried, never
---     waited for, so they have no place in that order;
+--     for a bounded channel's size row). A worker's transaction may still complete
+--     (policy lock) and then produce (producer lock) on one channel, against that
+--     order: the policy calls, the only ones that take both kinds exclusively, wait
+--     for the second kind briefly and then let go and take them the other way round
+--     (fairq.channel_for_policy). The settle locks are only ever tried, never waited
+--     for, so they have no place in that order;
 --   * every advisory lock is two-key: (class, key). Two-key locks never collide with
 --     one-key ones, so fairq shares the advisory lock space with applications; two
 --     channels (or queues) whose keys collide only cost an extra wait, a skipped

@@ -147,9 +147,13 @@ CREATE INDEX message_ready_ix ON fairq.message (channel_id, priority DESC, deque
 -- A channel's scheduled messages, by the time they become due.
 CREATE INDEX message_scheduled_ix ON fairq.message (channel_id, dequeue_at, id)
     WHERE status = 'scheduled';
--- A queue's locks that may have expired, oldest expiry first.
+-- A queue's locks that may have expired, oldest expiry first. Only locked messages
+-- have a locked_until; the index says so by that column, not by status, so that a
+-- statement looking for a channel's locked messages cannot be planned through it
+-- (a plan cached while nothing was locked read every lock of the queue for each
+-- channel) and has message_locked_channel_ix alone to go by.
 CREATE INDEX message_locked_ix ON fairq.message (queue_id, locked_until)
-    WHERE status = 'locked';
+    WHERE locked_until IS NOT NULL;
 -- A channel's locked messages: is an uncapped channel empty, how many are in flight.
 CREATE INDEX message_locked_channel_ix ON fairq.message (channel_id)
     WHERE status = 'locked';

@@ -165,6 +165,55 @@ def test_plans_cached_while_the_queue_was_empty_stay_index_lookups(server: Serve
         server.drop_database(name)
 
 
+LOCK_INDEX_SCAN = re.compile(
+    r"(?:Bitmap Index Scan on|Index (?:Only )?Scan(?: Backward)? using) (message_locked_(?:channel_)?ix)"
+    r".*\(actual time=[\d.]+\.\.[\d.]+ rows=([\d.]+) loops=(\d+)\)")
+
+
+def test_the_collector_reads_the_locks_once_a_call(server: Server) -> None:
+    """Before it removes idle channels, the collector makes sure none has a message in
+    flight. 0.7.9 looked that up channel by channel, and with its plans made while
+    nothing was locked PostgreSQL went through message_locked_ix, by queue: every lock
+    of the queue, read again for each channel (16 s a call for 1,000 channels in the
+    churn soak, which stalled the queue behind that transaction). Now one scan reads
+    the locks, at most once each, however it was planned."""
+    name = server.create_database()
+    try:
+        with psycopg.connect(server.dsn(name), autocommit=True) as conn:
+            conn.execute("ALTER TABLE fairq.message SET (autovacuum_enabled = off)")  # no re-planning
+            # As inside message_dequeue, which runs the collector.
+            for setting in ("plan_cache_mode = force_generic_plan", "enable_seqscan = off",
+                            "fairq.events = off", "fairq.idle_channel_ttl = '0'"):
+                conn.execute(f"SET {setting}")
+            collect = "SELECT fairq.collect_idle_channels(fairq.clock(), 1000)"
+            create(conn, "first")
+            for d in dequeue(conn):
+                call(conn, "message_complete", d.id, d.num_attempts)
+            conn.execute(collect)  # planned with nothing locked
+            assert conn.execute("SELECT count(*) FROM fairq.channel").fetchone() == (0,)
+            conn.execute("SELECT fairq.message_create_batch(array_agg(c), array_agg('x'::bytea))"
+                         " FROM (SELECT 'idle-' || i FROM generate_series(1, 50) i"
+                         "       UNION ALL SELECT 'busy-' || (i % 500) FROM generate_series(1, 2000) i) s(c)")
+            while got := dequeue(conn, n=500):
+                for d in got:
+                    if d.channel.startswith("idle-"):
+                        call(conn, "message_complete", d.id, d.num_attempts)
+            conn.execute("LOAD 'auto_explain'")
+            conn.execute("SET auto_explain.log_analyze = on")
+            plans = plans_of(conn, collect)
+            # The idle channels went; the 500 with all their messages in flight stayed.
+            assert conn.execute("SELECT count(*) FILTER (WHERE name LIKE 'idle-%'), count(*)"
+                                "  FROM fairq.channel").fetchone() == (0, 500)
+            scans = [(m.group(1), float(m.group(2)), int(m.group(3)))
+                     for plan in plans for line in plan.splitlines() if (m := LOCK_INDEX_SCAN.search(line))]
+            assert scans, "\n\n".join(plans)
+            assert all(loops == 1 for _, _, loops in scans), scans
+            # (2,000 locks, and the entries the 51 completed messages left behind.)
+            assert sum(rows for _, rows, _ in scans) <= 2000 + 51, scans
+    finally:
+        server.drop_database(name)
+
+
 # PostgreSQL 18 prints actual rows with two decimals.
 ACTUAL_ROWS = re.compile(r"\(actual time=[\d.]+\.\.[\d.]+ rows=([\d.]+) loops=(\d+)\)")
 

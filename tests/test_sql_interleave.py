@@ -26,6 +26,7 @@ from sqlq import (
     Conn,
     Delivery,
     call,
+    channel_row,
     channels_of,
     complete,
     create,
@@ -457,6 +458,36 @@ def test_open_producer_transaction_does_not_block_completions(
         assert completion.finishes_without_waiting_for(other)
         assert completion.join() == "completed"
     assert [d.content for d in dequeue(conn, n=5)] == [b"uncommitted"]
+    assert problems(conn) == []
+
+
+@pytest.mark.parametrize("first", ["complete", "create"])
+def test_a_policy_change_never_deadlocks_a_worker_that_completes_and_produces(
+        conn: Conn, other: Conn, dsn: str, first: str) -> None:
+    """A worker may complete a message and enqueue a follow-up on its channel in one
+    transaction, in either order, while an operator changes the channel's policy.
+    Until 0.7.10 channel_set held the channel's producer lock while it waited for the
+    completion, and the completion's transaction then waited for that lock:
+    PostgreSQL broke the cycle after deadlock_timeout by failing one of them."""
+    create(conn, "p", b"first")
+    held = dequeue_one(conn)
+    assert held is not None
+    with open_transaction(other):
+        if first == "complete":
+            assert complete(other, held) == "completed"
+        else:
+            create(other, "p", b"follow-up")
+        setter = Background(dsn, lambda c: c.execute(
+            "SELECT fairq.channel_set('p', p_max_concurrency => 2)"))
+        assert setter.waits_for(other)
+        if first == "complete":
+            create(other, "p", b"follow-up")
+        else:
+            assert complete(other, held) == "completed"
+    setter.join()
+    row = channel_row(conn, "p")
+    assert row is not None and row["max_concurrency"] == 2
+    assert [d.content for d in dequeue(conn, n=5)] == [b"follow-up"]
     assert problems(conn) == []
 
 
