@@ -122,8 +122,9 @@ $$;
 
 -- The channel rows of queue p_queue_id for a producer, created with the default
 -- policy on first use, under each channel's producer lock (shared, taken in name
--- order) or, for a transaction gone bulk, its queue's bulk producer lock: either
--- keeps them from being collected until this transaction ends.
+-- order; and for a channel made here its creation lock) or, for a transaction gone
+-- bulk, its queue's bulk producer lock: either keeps them from being collected
+-- until this transaction ends.
 CREATE FUNCTION fairq.channels_for_producer(p_queue_id integer, p_names text[]) RETURNS SETOF fairq.channel
 LANGUAGE plpgsql
 AS $$
@@ -133,9 +134,21 @@ BEGIN
         PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
                                              fairq.producer_lock_key(p_queue_id, n.name))
            FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name) ORDER BY u.name) n;
+        -- A channel is made by one producer at a time: the others wait for its commit
+        -- here, then the next statement sees its row. Left to the unique index, a
+        -- second producer waited inside its INSERT for the first, and then for any
+        -- dequeue updating the new row (a unique check waits for a transaction that
+        -- may delete the key's row): in the churn soak, producers waited on
+        -- transactions more than they worked.
+        PERFORM pg_advisory_xact_lock(fairq.creation_lock_class(),
+                                      fairq.producer_lock_key(p_queue_id, n.name))
+           FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name)
+                  WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c
+                                     WHERE c.queue_id = p_queue_id AND c.name = u.name)
+                  ORDER BY u.name) n;
     END IF;
-    -- A name inserted concurrently is waited for, then left alone: the next
-    -- statement's snapshot sees it either way.
+    -- A name inserted concurrently (by a transaction gone bulk) is waited for, then
+    -- left alone: the next statement's snapshot sees it either way.
     INSERT INTO fairq.channel (queue_id, name, idle_since)
     SELECT DISTINCT p_queue_id, u.name, fairq.clock() FROM unnest(p_names) AS u(name)
      WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = u.name)

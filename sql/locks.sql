@@ -2,7 +2,8 @@
 --
 -- Invariants:
 --   * lock order, everywhere: a message row, then the channel's advisory locks
---     (producer lock, then its queue's bulk producer lock, then policy lock, then its
+--     (producer lock, then its creation lock, then its queue's bulk producer lock,
+--     then policy lock, then its
 --     queue's bulk policy lock), then its channel row, then its channel_size row;
 --     several channels by channel id, several queues by queue id. A transaction that
 --     went bulk for a kind of lock takes no channel's lock of that kind after that.
@@ -133,6 +134,16 @@ $$;
 CREATE FUNCTION fairq.bulk_producer_lock_class() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1717660023 $$;
+
+-- The creation lock of a channel name, keyed like its producer lock: a producer
+-- about to make a channel that has no committed row yet holds it exclusively, so
+-- that one producer makes the row and the others wait for its commit and then use
+-- that row (fairq.channels_for_producer). A transaction takes it only along with
+-- the channel's producer lock, never in bulk, so it holds no more of them than of
+-- those.
+CREATE FUNCTION fairq.creation_lock_class() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1717660026 $$;
 
 -- For a producer call about to take the producer locks of p_channels channels of
 -- queue p_queue_id: true when this transaction is bulk (or goes bulk now), holding
