@@ -128,6 +128,8 @@ $$;
 CREATE FUNCTION fairq.channels_for_producer(p_queue_id integer, p_names text[]) RETURNS SETOF fairq.channel
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_missing bigint;  -- names with no committed row at the creation locks' look (NULL: not looked)
 BEGIN
     IF NOT fairq.producing_in_bulk(p_queue_id, (SELECT count(DISTINCT u.name)::integer
                                                   FROM unnest(p_names) AS u(name))) THEN
@@ -146,14 +148,18 @@ BEGIN
                   WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c
                                      WHERE c.queue_id = p_queue_id AND c.name = u.name)
                   ORDER BY u.name) n;
+        GET DIAGNOSTICS v_missing = ROW_COUNT;
     END IF;
-    -- A name inserted concurrently (by a transaction gone bulk) is waited for, then
-    -- left alone: the next statement's snapshot sees it either way.
-    INSERT INTO fairq.channel (queue_id, name, idle_since)
-    SELECT DISTINCT p_queue_id, u.name, fairq.clock() FROM unnest(p_names) AS u(name)
-     WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = u.name)
-     ORDER BY u.name
-    ON CONFLICT (queue_id, name) DO NOTHING;
+    -- (Nothing missing at that look, nothing to make: the rows seen stay, under the
+    -- producer locks.) A name inserted concurrently (by a transaction gone bulk) is
+    -- waited for, then left alone: the next statement's snapshot sees it either way.
+    IF v_missing IS DISTINCT FROM 0 THEN
+        INSERT INTO fairq.channel (queue_id, name, idle_since)
+        SELECT DISTINCT p_queue_id, u.name, fairq.clock() FROM unnest(p_names) AS u(name)
+         WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = u.name)
+         ORDER BY u.name
+        ON CONFLICT (queue_id, name) DO NOTHING;
+    END IF;
     RETURN QUERY SELECT c.* FROM fairq.channel c
                   WHERE c.queue_id = p_queue_id AND c.name = ANY (p_names) ORDER BY c.id;
 END
@@ -480,7 +486,8 @@ DECLARE
              ELSE (extract(epoch FROM fairq.second_lock_wait()) * 1000)::bigint || 'ms' END;
     v_policy_first boolean := false;
     v_waiting_for_second boolean;
-    v_channel_id bigint;
+    v_channel_id bigint;  -- the row whose policy lock this round holds
+    v_row_id bigint;      -- the row there is under the producer lock
 BEGIN
     LOOP
         v_waiting_for_second := false;
@@ -500,12 +507,12 @@ BEGIN
             PERFORM pg_advisory_xact_lock(fairq.bulk_producer_lock_class(), p_queue_id);
             INSERT INTO fairq.channel (queue_id, name) VALUES (p_queue_id, p_channel)
             ON CONFLICT (queue_id, name) DO NOTHING;
-            IF v_channel_id IS DISTINCT FROM (SELECT c.id FROM fairq.channel c
-                                               WHERE c.queue_id = p_queue_id AND c.name = p_channel) THEN
+            v_row_id := (SELECT c.id FROM fairq.channel c
+                          WHERE c.queue_id = p_queue_id AND c.name = p_channel);
+            IF v_channel_id IS DISTINCT FROM v_row_id THEN
                 -- Policy second, or the channel was collected (or made) before the
                 -- producer lock kept it: its row now is the one to lock.
-                v_channel_id := (SELECT c.id FROM fairq.channel c
-                                  WHERE c.queue_id = p_queue_id AND c.name = p_channel);
+                v_channel_id := v_row_id;
                 v_waiting_for_second := true;
                 PERFORM set_config('lock_timeout', v_second_lock_timeout, true);
                 PERFORM pg_advisory_xact_lock(fairq.policy_lock_class(), fairq.policy_lock_key(v_channel_id));
