@@ -131,6 +131,11 @@ AS $$
 DECLARE
     v_missing bigint;  -- names with no committed row at the creation locks' look (NULL: not looked)
 BEGIN
+    -- (Every look for the names below is a lookup per name: OFFSET 0 keeps each a
+    -- subplan keyed by the name. Planned while the table was small, as a session's
+    -- cached plan may be, an anti-join, or "name = ANY (p_names)" filtered out of a
+    -- scan by queue, read every channel of the queue at each call: one transaction
+    -- making n new channels took time in n².)
     IF NOT fairq.producing_in_bulk(p_queue_id, (SELECT count(DISTINCT u.name)::integer
                                                   FROM unnest(p_names) AS u(name))) THEN
         PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
@@ -146,7 +151,8 @@ BEGIN
                                       fairq.producer_lock_key(p_queue_id, n.name))
            FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name)
                   WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c
-                                     WHERE c.queue_id = p_queue_id AND c.name = u.name)
+                                     WHERE c.queue_id = p_queue_id AND c.name = u.name
+                                    OFFSET 0)
                   ORDER BY u.name) n;
         GET DIAGNOSTICS v_missing = ROW_COUNT;
     END IF;
@@ -156,12 +162,16 @@ BEGIN
     IF v_missing IS DISTINCT FROM 0 THEN
         INSERT INTO fairq.channel (queue_id, name, idle_since)
         SELECT DISTINCT p_queue_id, u.name, fairq.clock() FROM unnest(p_names) AS u(name)
-         WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = u.name)
+         WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = u.name
+                           OFFSET 0)
          ORDER BY u.name
         ON CONFLICT (queue_id, name) DO NOTHING;
     END IF;
-    RETURN QUERY SELECT c.* FROM fairq.channel c
-                  WHERE c.queue_id = p_queue_id AND c.name = ANY (p_names) ORDER BY c.id;
+    RETURN QUERY SELECT c.*
+                   FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name)) u
+                  CROSS JOIN LATERAL (SELECT c.* FROM fairq.channel c
+                                       WHERE c.queue_id = p_queue_id AND c.name = u.name OFFSET 0) c
+                  ORDER BY c.id;
 END
 $$;
 

@@ -112,6 +112,7 @@ AS $$
         SELECT m.channel_id,
                count(*) AS messages,
                count(*) FILTER (WHERE m.status = 'locked') AS locked,
+               count(*) FILTER (WHERE (m.status = 'locked') <> (m.locked_until IS NOT NULL)) AS lock_mismatch,
                min(m.dequeue_at) FILTER (WHERE m.status IN ('ready', 'scheduled')) AS earliest_due
           FROM fairq.message m
          GROUP BY m.channel_id
@@ -121,6 +122,7 @@ AS $$
         SELECT c.*,
                coalesce(h.locked, 0) AS locked,
                coalesce(h.messages, 0) AS messages,
+               coalesce(h.lock_mismatch, 0) AS lock_mismatch,
                h.earliest_due,
                s.size AS counted_size,
                -- a queued wake (fairq.channels_wake) stands for due_at until applied
@@ -137,6 +139,10 @@ AS $$
         (CASE WHEN t.in_flight <> fairq.slots(t.max_concurrency, t.locked::integer)
               THEN format('in_flight is %s but %s messages are locked (max_concurrency %s)',
                           t.in_flight, t.locked, t.max_concurrency) END),
+        -- (Lock expiry and recovery find locked messages by locked_until alone.)
+        (CASE WHEN t.lock_mismatch > 0
+              THEN format('%s messages have a locked_until but are not locked, or are locked without one',
+                          t.lock_mismatch) END),
         (CASE WHEN t.due_or_waking IS NULL AND t.earliest_due IS NOT NULL
               THEN 'pending messages but no due_at: they would never be delivered' END),
         (CASE WHEN t.due_or_waking > GREATEST(t.earliest_due, t.now)
