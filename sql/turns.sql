@@ -211,9 +211,10 @@ BEGIN
                                c.in_flight, c.max_concurrency, c.paused_until, t.woken_at) AS turn_at
           FROM (SELECT t.*, min(t.due_at) OVER (PARTITION BY t.channel_id ORDER BY t.turn_seq) AS due_so_far
                   FROM taken t) t
-          JOIN fairq.channel c ON c.id = t.channel_id
+         -- (Looked up by id, wake by wake: planned while the table was small, a join
+         -- read every channel of the table to find the woken ones.)
+         CROSS JOIN LATERAL (SELECT c.* FROM fairq.channel c WHERE c.id = t.channel_id OFFSET 0) c
          CROSS JOIN LATERAL (SELECT LEAST(c.due_at, t.due_so_far) AS due_at) f
-         WHERE c.id = ANY (p_woken)
     ), woken AS (  -- per channel: the earliest turn, the earliest due time
         SELECT DISTINCT ON (f.channel_id) f.channel_id, f.turn_at, f.turn_seq,
                min(f.due_at) OVER (PARTITION BY f.channel_id) AS due_at

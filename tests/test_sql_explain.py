@@ -203,6 +203,56 @@ def test_plans_cached_while_the_queue_was_empty_stay_index_lookups(server: Serve
         server.drop_database(name)
 
 
+def test_bulk_policy_and_wide_calls_planned_on_a_small_queue_stay_lookups(server: Server) -> None:
+    """The calls the test above leaves out: a bulk producer (500 new channels, 300
+    existing ones), policy and pause calls, queue pauses, a dead-letter purge and a
+    dequeue of 50 that joins woken channels. Planned on a queue of a few channels and
+    run on one of 3,000, no scan reads more than the call's own rows. (0.7.13 read
+    every channel of the table to apply the wakes of the channels a dequeue or a
+    policy call joined.)"""
+    name = server.create_database()
+    try:
+        with psycopg.connect(server.dsn(name), autocommit=True) as conn, \
+                psycopg.connect(server.dsn(name), autocommit=True) as filler:
+            for table in ("fairq.message", "fairq.channel"):  # no ANALYZE, so no re-planning
+                conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+            conn.execute("SET fairq.events = off")
+            conn.execute("SET plan_cache_mode = force_generic_plan")
+            filler.execute("SELECT fairq.message_create('t-' || i, 'x') FROM generate_series(100, 104) i")
+            rounds = iter(range(2))
+
+            def every_call() -> list[list[str]]:
+                new = f"bulk{next(rounds)}-"
+                return [plans_of(conn, sql, params) for sql, params in [
+                    ("SELECT count(*) FROM fairq.message_create_batch(%s, %s)",
+                     ([f"{new}{i}" for i in range(500)], [b"x"] * 500)),
+                    ("SELECT count(*) FROM fairq.message_create_batch(%s, %s)",
+                     ([f"t-{i}" for i in range(300)], [b"x"] * 300)),
+                    ("SELECT fairq.channel_set('t-7', p_max_concurrency => 3)", ()),
+                    ("SELECT fairq.channel_pause('t-8')", ()),
+                    ("SELECT fairq.channel_resume('t-8')", ()),
+                    ("SELECT fairq.channel_clear('t-7')", ()),
+                    ("SELECT fairq.queue_pause('default')", ()),
+                    ("SELECT fairq.queue_resume('default')", ()),
+                    ("SELECT fairq.dead_letter_purge(fairq.clock())", ()),
+                    ("SELECT count(*) FROM fairq.message_dequeue(30000, 50)", ()),
+                ]]
+
+            every_call()  # plans made on a queue of a few messages
+            filler.execute(
+                "SELECT fairq.message_create_batch(array_agg('t-' || (i % 2000)),"
+                " array_agg('x'::bytea), NULL, NULL, array_agg('key-' || i))"
+                " FROM generate_series(1, 40000) AS i")
+            conn.execute("LOAD 'auto_explain'")
+            conn.execute("SET auto_explain.log_analyze = on")
+            for plans in every_call():  # the same plans, on 3,000 channels
+                read = rows_read(plans)
+                assert max((n for _, n in read), default=0) <= 600, [x for x in read if x[1] > 600]
+            assert conn.execute("SELECT count(*) FROM fairq.channel").fetchone() == (3000,)
+    finally:
+        server.drop_database(name)
+
+
 LOCK_INDEX_SCAN = re.compile(
     r"(?:Bitmap Index Scan on|Index (?:Only )?Scan(?: Backward)? using) (message_locked_(?:channel_)?ix)"
     r".*\(actual time=[\d.]+\.\.[\d.]+ rows=([\d.]+) loops=(\d+)\)")
