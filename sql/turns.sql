@@ -211,9 +211,12 @@ BEGIN
                                c.in_flight, c.max_concurrency, c.paused_until, t.woken_at) AS turn_at
           FROM (SELECT t.*, min(t.due_at) OVER (PARTITION BY t.channel_id ORDER BY t.turn_seq) AS due_so_far
                   FROM taken t) t
-         -- (Looked up by id, wake by wake: planned while the table was small, a join
-         -- read every channel of the table to find the woken ones.)
-         CROSS JOIN LATERAL (SELECT c.* FROM fairq.channel c WHERE c.id = t.channel_id OFFSET 0) c
+          -- (Each woken channel looked up once, by id: planned while the table was
+          -- small, a join with the table read every channel to find the woken ones,
+          -- and a lookup per wake reads a channel as often as it has wakes.)
+          JOIN (SELECT c.* FROM (SELECT DISTINCT u.id FROM unnest(p_woken) AS u(id)) u
+                 CROSS JOIN LATERAL (SELECT c.* FROM fairq.channel c WHERE c.id = u.id OFFSET 0) c
+                OFFSET 0) c ON c.id = t.channel_id
          CROSS JOIN LATERAL (SELECT LEAST(c.due_at, t.due_so_far) AS due_at) f
     ), woken AS (  -- per channel: the earliest turn, the earliest due time
         SELECT DISTINCT ON (f.channel_id) f.channel_id, f.turn_at, f.turn_seq,
