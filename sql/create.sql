@@ -19,14 +19,18 @@
 -- holds both to the same answers. In both, a NULL dequeue_at means now
 -- and a NULL priority means 0.
 --
--- Every queue call (message_*, dead_letter_retry) runs with, besides its pinned
--- search_path:
+-- Every queue call (message_*, dead_letter_*, history_prune) runs with, besides its
+-- pinned search_path:
 --   * plan_cache_mode = force_generic_plan: its statements are planned once per
 --     session, not at every call (planning cost more than executing them);
 --   * enable_seqscan = off: every statement is written for index lookups, and a plan
 --     cached while a table was nearly empty must not stay a sequential scan once the
---     queue is deep;
---   * jit = off: statements that take microseconds never pay for compilation.
+--     queue is deep (or the dead letters and history many: a purge reads the rows it
+--     deletes, not the table);
+--   * jit = off: statements that take microseconds never pay for compilation. Never
+--     one without the other: a disabled scan type adds a huge constant to a plan's
+--     estimated cost, which then passes jit_above_cost (reading the one-row clock
+--     table with enable_seqscan off and jit on took 15 to 78 ms: JIT compiled it).
 
 CREATE FUNCTION fairq.message_create_batch(
     p_channels text[],

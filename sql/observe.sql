@@ -90,6 +90,7 @@ SELECT q.name AS queue,
 CREATE FUNCTION fairq.history_prune(p_before timestamptz) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 DECLARE
     v_deleted bigint;

@@ -378,6 +378,7 @@ $$;
 CREATE FUNCTION fairq.dead_letter_delete(p_id bigint) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 BEGIN
     DELETE FROM fairq.dead_letter WHERE id = fairq.require(p_id, 'p_id');
@@ -388,6 +389,7 @@ $$;
 CREATE FUNCTION fairq.dead_letter_purge(p_before timestamptz, p_queue text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
 AS $$
 DECLARE
     v_deleted bigint;

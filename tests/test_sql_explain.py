@@ -8,6 +8,7 @@ actually executed, not a hand-copied query.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 
@@ -146,61 +147,80 @@ def test_recovery_and_scheduled_promotion_use_index_scans_only(loaded: Conn) -> 
     assert dequeue_one(loaded) is not None
 
 
-def test_plans_cached_while_the_queue_was_empty_stay_index_lookups(server: Server) -> None:
-    """The queue calls plan each statement once per session (plan_cache_mode =
-    force_generic_plan). A plan made while the tables were empty must not read a
-    whole table or index once the queue is deep."""
+# The queue the plan checks below plan on (five channels of a message each), and the
+# one they then run on (40,000 messages over 2,000 more channels).
+SMALL_QUEUE = "SELECT fairq.message_create('t-' || i, 'x') FROM generate_series(100, 104) i"
+DEEP_QUEUE = ("SELECT fairq.message_create_batch(array_agg('t-' || (i % 2000)),"
+              " array_agg('x'::bytea), NULL, NULL, array_agg('key-' || i))"
+              " FROM generate_series(1, 40000) AS i")
+
+
+@contextlib.contextmanager
+def planned_small(server: Server, *tables: str) -> Iterator[tuple[Conn, Conn]]:
+    """A new database and two sessions on it: conn, whose plans are generic (as a
+    session's are after five calls) and are never made again (autovacuum, whose
+    ANALYZE would have them made again, is off for ``tables``), and filler, which
+    fills the tables once conn has made its plans on a few rows."""
     name = server.create_database()
     try:
         with psycopg.connect(server.dsn(name), autocommit=True) as conn, \
                 psycopg.connect(server.dsn(name), autocommit=True) as filler:
-            for table in ("fairq.message", "fairq.channel"):  # no ANALYZE, so no re-planning
+            for table in tables:
                 conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
             conn.execute("SET fairq.events = off")
-            # As if each call had run five times already: generic plans, made now.
             conn.execute("SET plan_cache_mode = force_generic_plan")
-            filler.execute("SELECT fairq.message_create('t-' || i, 'x') FROM generate_series(100, 104) i")
-
-            def every_call() -> list[list[str]]:
-                plans = [
-                    plans_of(conn, "SELECT * FROM fairq.message_create_batch("
-                                   "ARRAY['t-1', 't-2', 't-1', 't-5', 't-6', 't-7', 't-8', 't-9'],"
-                                   " array_fill('a'::bytea, ARRAY[8]), NULL, NULL,"
-                                   " ARRAY['k1', 'k2', 'k3', 'k5', 'k6', 'k7', 'k8', 'k9'])"),
-                    plans_of(conn, "SELECT * FROM fairq.message_create('t-3', 'd', p_dedup_key => 'k4')"),
-                    plans_of(conn, "SELECT * FROM fairq.message_dequeue(30000, 3)")]
-                got = dequeue(conn, n=6)
-                a, b, c, d, e, f = got
-                plans += [
-                    plans_of(conn, "SELECT * FROM fairq.message_complete_batch(%s, %s)",
-                             ([a.id, b.id], [a.num_attempts, b.num_attempts])),
-                    plans_of(conn, "SELECT fairq.message_complete(%s, %s)", (f.id, f.num_attempts)),
-                    plans_of(conn, "SELECT fairq.message_defer(%s, %s)", (c.id, c.num_attempts)),
-                    plans_of(conn, "SELECT fairq.message_heartbeat(%s, %s, 1000)", (d.id, d.num_attempts)),
-                    plans_of(conn, "SELECT fairq.message_fail(%s, %s)", (e.id, e.num_attempts)),
-                    plans_of(conn, "SELECT fairq.dead_letter_retry(%s)", (e.id,))]
-                mid, _ = create(conn, "t-4", b"z")
-                plans.append(plans_of(conn, "SELECT fairq.message_cancel(%s)", (mid,)))
-                return plans
-
-            every_call()  # plans made on a queue of a few messages
-            filler.execute(
-                "SELECT fairq.message_create_batch(array_agg('t-' || (i % 2000)),"
-                " array_agg('x'::bytea), NULL, NULL, array_agg('key-' || i))"
-                " FROM generate_series(1, 40000) AS i")
-            conn.execute("LOAD 'auto_explain'")
-            conn.execute("SET auto_explain.log_analyze = on")
-            for plans in every_call():  # the same plans, on a deep queue
-                assert_index_only(plans)
-                # An index scan keyed by the queue alone is a lookup that reads every
-                # channel: 0.7.12's producers found missing names so (a merge anti-join
-                # planned on the empty table), and one transaction making n new
-                # channels took time in n². Each call here touches a few rows.
-                read = rows_read(plans)
-                assert read, "\n\n".join(plans)
-                assert max(n for _, n in read) <= 12, [x for x in read if x[1] > 12]
+            yield conn, filler
     finally:
         server.drop_database(name)
+
+
+def analyze_from_now(conn: Conn) -> None:
+    """plans_of logs the rows each node read from here on."""
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute("SET auto_explain.log_analyze = on")
+
+
+def test_plans_cached_while_the_queue_was_empty_stay_index_lookups(server: Server) -> None:
+    """The queue calls plan each statement once per session (plan_cache_mode =
+    force_generic_plan). A plan made while the tables were empty must not read a
+    whole table or index once the queue is deep."""
+    with planned_small(server, "fairq.message", "fairq.channel") as (conn, filler):
+        filler.execute(SMALL_QUEUE)
+
+        def every_call() -> list[list[str]]:
+            plans = [
+                plans_of(conn, "SELECT * FROM fairq.message_create_batch("
+                               "ARRAY['t-1', 't-2', 't-1', 't-5', 't-6', 't-7', 't-8', 't-9'],"
+                               " array_fill('a'::bytea, ARRAY[8]), NULL, NULL,"
+                               " ARRAY['k1', 'k2', 'k3', 'k5', 'k6', 'k7', 'k8', 'k9'])"),
+                plans_of(conn, "SELECT * FROM fairq.message_create('t-3', 'd', p_dedup_key => 'k4')"),
+                plans_of(conn, "SELECT * FROM fairq.message_dequeue(30000, 3)")]
+            got = dequeue(conn, n=6)
+            a, b, c, d, e, f = got
+            plans += [
+                plans_of(conn, "SELECT * FROM fairq.message_complete_batch(%s, %s)",
+                         ([a.id, b.id], [a.num_attempts, b.num_attempts])),
+                plans_of(conn, "SELECT fairq.message_complete(%s, %s)", (f.id, f.num_attempts)),
+                plans_of(conn, "SELECT fairq.message_defer(%s, %s)", (c.id, c.num_attempts)),
+                plans_of(conn, "SELECT fairq.message_heartbeat(%s, %s, 1000)", (d.id, d.num_attempts)),
+                plans_of(conn, "SELECT fairq.message_fail(%s, %s)", (e.id, e.num_attempts)),
+                plans_of(conn, "SELECT fairq.dead_letter_retry(%s)", (e.id,))]
+            mid, _ = create(conn, "t-4", b"z")
+            plans.append(plans_of(conn, "SELECT fairq.message_cancel(%s)", (mid,)))
+            return plans
+
+        every_call()  # plans made on a queue of a few messages
+        filler.execute(DEEP_QUEUE)
+        analyze_from_now(conn)
+        for plans in every_call():  # the same plans, on a deep queue
+            assert_index_only(plans)
+            # An index scan keyed by the queue alone is a lookup that reads every
+            # channel: 0.7.12's producers found missing names so (a merge anti-join
+            # planned on the empty table), and one transaction making n new
+            # channels took time in n². Each call here touches a few rows.
+            read = rows_read(plans)
+            assert read, "\n\n".join(plans)
+            assert max(n for _, n in read) <= 12, [x for x in read if x[1] > 12]
 
 
 def test_bulk_policy_and_wide_calls_planned_on_a_small_queue_stay_lookups(server: Server) -> None:
@@ -210,47 +230,70 @@ def test_bulk_policy_and_wide_calls_planned_on_a_small_queue_stay_lookups(server
     run on one of 3,000, no scan reads more than the call's own rows. (0.7.13 read
     every channel of the table to apply the wakes of the channels a dequeue or a
     policy call joined.)"""
-    name = server.create_database()
-    try:
-        with psycopg.connect(server.dsn(name), autocommit=True) as conn, \
-                psycopg.connect(server.dsn(name), autocommit=True) as filler:
-            for table in ("fairq.message", "fairq.channel"):  # no ANALYZE, so no re-planning
-                conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
-            conn.execute("SET fairq.events = off")
-            conn.execute("SET plan_cache_mode = force_generic_plan")
-            filler.execute("SELECT fairq.message_create('t-' || i, 'x') FROM generate_series(100, 104) i")
-            rounds = iter(range(2))
+    with planned_small(server, "fairq.message", "fairq.channel") as (conn, filler):
+        filler.execute(SMALL_QUEUE)
+        rounds = iter(range(2))
 
-            def every_call() -> list[list[str]]:
-                new = f"bulk{next(rounds)}-"
-                return [plans_of(conn, sql, params) for sql, params in [
-                    ("SELECT count(*) FROM fairq.message_create_batch(%s, %s)",
-                     ([f"{new}{i}" for i in range(500)], [b"x"] * 500)),
-                    ("SELECT count(*) FROM fairq.message_create_batch(%s, %s)",
-                     ([f"t-{i}" for i in range(300)], [b"x"] * 300)),
-                    ("SELECT fairq.channel_set('t-7', p_max_concurrency => 3)", ()),
-                    ("SELECT fairq.channel_pause('t-8')", ()),
-                    ("SELECT fairq.channel_resume('t-8')", ()),
-                    ("SELECT fairq.channel_clear('t-7')", ()),
-                    ("SELECT fairq.queue_pause('default')", ()),
-                    ("SELECT fairq.queue_resume('default')", ()),
-                    ("SELECT fairq.dead_letter_purge(fairq.clock())", ()),
-                    ("SELECT count(*) FROM fairq.message_dequeue(30000, 50)", ()),
-                ]]
+        def every_call() -> list[list[str]]:
+            new = f"bulk{next(rounds)}-"
+            return [plans_of(conn, sql, params) for sql, params in [
+                ("SELECT count(*) FROM fairq.message_create_batch(%s, %s)",
+                 ([f"{new}{i}" for i in range(500)], [b"x"] * 500)),
+                ("SELECT count(*) FROM fairq.message_create_batch(%s, %s)",
+                 ([f"t-{i}" for i in range(300)], [b"x"] * 300)),
+                ("SELECT fairq.channel_set('t-7', p_max_concurrency => 3)", ()),
+                ("SELECT fairq.channel_pause('t-8')", ()),
+                ("SELECT fairq.channel_resume('t-8')", ()),
+                ("SELECT fairq.channel_clear('t-7')", ()),
+                ("SELECT fairq.queue_pause('default')", ()),
+                ("SELECT fairq.queue_resume('default')", ()),
+                ("SELECT fairq.dead_letter_purge(fairq.clock())", ()),
+                ("SELECT count(*) FROM fairq.message_dequeue(30000, 50)", ()),
+            ]]
 
-            every_call()  # plans made on a queue of a few messages
-            filler.execute(
-                "SELECT fairq.message_create_batch(array_agg('t-' || (i % 2000)),"
-                " array_agg('x'::bytea), NULL, NULL, array_agg('key-' || i))"
-                " FROM generate_series(1, 40000) AS i")
-            conn.execute("LOAD 'auto_explain'")
-            conn.execute("SET auto_explain.log_analyze = on")
-            for plans in every_call():  # the same plans, on 3,000 channels
-                read = rows_read(plans)
-                assert max((n for _, n in read), default=0) <= 600, [x for x in read if x[1] > 600]
-            assert conn.execute("SELECT count(*) FROM fairq.channel").fetchone() == (3000,)
-    finally:
-        server.drop_database(name)
+        every_call()  # plans made on a queue of a few messages
+        filler.execute(DEEP_QUEUE)
+        analyze_from_now(conn)
+        for plans in every_call():  # the same plans, on 3,000 channels
+            read = rows_read(plans)
+            assert max((n for _, n in read), default=0) <= 600, [x for x in read if x[1] > 600]
+        assert conn.execute("SELECT count(*) FROM fairq.channel").fetchone() == (3000,)
+
+
+def test_operator_deletes_planned_on_small_tables_stay_lookups(server: Server) -> None:
+    """An operator's session that deleted a dead letter, pruned the history and
+    purged old dead letters while those tables were small keeps its plans: once they
+    hold 40,000 rows each, the same calls still read only the rows they delete (a
+    sequential scan kept from a small table would make deleting n dead letters one
+    by one cost n²)."""
+    dead = ("INSERT INTO fairq.dead_letter (id, channel, priority, content, num_attempts, created_at,"
+            " died_at, queue) SELECT i, 'c-' || (i %% 100), 0, 'x', 1, now(),"
+            " now() + i * interval '1 ms', 'default' FROM generate_series(%s::bigint, %s::bigint) i")
+    history = ("INSERT INTO fairq.message_history (id, queue, channel, priority, created_at, settled_at,"
+               " num_attempts, outcome) SELECT i, 'default', 'c-' || (i %% 100), 0, now(),"
+               " now() + i * interval '1 ms', 1, 'completed' FROM generate_series(%s::bigint, %s::bigint) i")
+    with planned_small(server, "fairq.dead_letter", "fairq.message_history") as (conn, filler):
+        filler.execute(dead, (1, 5))
+        filler.execute(history, (1, 5))
+        ids = iter(range(1, 4))
+
+        def every_call() -> list[list[str]]:
+            return [plans_of(conn, sql, params) for sql, params in [
+                ("SELECT fairq.dead_letter_delete(%s)", (next(ids),)),
+                ("SELECT fairq.history_prune(now() - interval '1 day')", ()),
+                ("SELECT fairq.dead_letter_purge(now() - interval '1 day')", ()),
+                ("SELECT fairq.dead_letter_purge(now() - interval '1 day', 'default')", ()),
+            ]]
+
+        every_call()  # plans made on tables of five rows
+        filler.execute(dead, (10, 40_009))
+        filler.execute(history, (10, 40_009))
+        analyze_from_now(conn)
+        for plans in every_call():  # the same plans, on 40,000 rows
+            read = rows_read(plans)
+            assert read, "\n\n".join(plans)
+            assert max(n for _, n in read) <= 12, [x for x in read if x[1] > 12]
+        assert conn.execute("SELECT count(*) FROM fairq.dead_letter").fetchone() == (40_003,)
 
 
 LOCK_INDEX_SCAN = re.compile(
@@ -265,41 +308,34 @@ def test_the_collector_reads_the_locks_once_a_call(server: Server) -> None:
     of the queue, read again for each channel (16 s a call for 1,000 channels in the
     churn soak, which stalled the queue behind that transaction). Now one scan reads
     the locks, at most once each, however it was planned."""
-    name = server.create_database()
-    try:
-        with psycopg.connect(server.dsn(name), autocommit=True) as conn:
-            conn.execute("ALTER TABLE fairq.message SET (autovacuum_enabled = off)")  # no re-planning
-            # As inside message_dequeue, which runs the collector.
-            for setting in ("plan_cache_mode = force_generic_plan", "enable_seqscan = off",
-                            "fairq.events = off", "fairq.idle_channel_ttl = '0'"):
-                conn.execute(f"SET {setting}")
-            collect = "SELECT fairq.collect_idle_channels(fairq.clock(), 1000)"
-            create(conn, "first")
-            for d in dequeue(conn):
-                call(conn, "message_complete", d.id, d.num_attempts)
-            conn.execute(collect)  # planned with nothing locked
-            assert conn.execute("SELECT count(*) FROM fairq.channel").fetchone() == (0,)
-            conn.execute("SELECT fairq.message_create_batch(array_agg(c), array_agg('x'::bytea))"
-                         " FROM (SELECT 'idle-' || i FROM generate_series(1, 50) i"
-                         "       UNION ALL SELECT 'busy-' || (i % 500) FROM generate_series(1, 2000) i) s(c)")
-            while got := dequeue(conn, n=500):
-                for d in got:
-                    if d.channel.startswith("idle-"):
-                        call(conn, "message_complete", d.id, d.num_attempts)
-            conn.execute("LOAD 'auto_explain'")
-            conn.execute("SET auto_explain.log_analyze = on")
-            plans = plans_of(conn, collect)
-            # The idle channels went; the 500 with all their messages in flight stayed.
-            assert conn.execute("SELECT count(*) FILTER (WHERE name LIKE 'idle-%'), count(*)"
-                                "  FROM fairq.channel").fetchone() == (0, 500)
-            scans = [(m.group(1), float(m.group(2)), int(m.group(3)))
-                     for plan in plans for line in plan.splitlines() if (m := LOCK_INDEX_SCAN.search(line))]
-            assert scans, "\n\n".join(plans)
-            assert all(loops == 1 for _, _, loops in scans), scans
-            # (2,000 locks, and the entries the 51 completed messages left behind.)
-            assert sum(rows for _, rows, _ in scans) <= 2000 + 51, scans
-    finally:
-        server.drop_database(name)
+    with planned_small(server, "fairq.message") as (conn, _):
+        # As inside message_dequeue, which runs the collector.
+        for setting in ("enable_seqscan = off", "fairq.idle_channel_ttl = '0'"):
+            conn.execute(f"SET {setting}")
+        collect = "SELECT fairq.collect_idle_channels(fairq.clock(), 1000)"
+        create(conn, "first")
+        for d in dequeue(conn):
+            call(conn, "message_complete", d.id, d.num_attempts)
+        conn.execute(collect)  # planned with nothing locked
+        assert conn.execute("SELECT count(*) FROM fairq.channel").fetchone() == (0,)
+        conn.execute("SELECT fairq.message_create_batch(array_agg(c), array_agg('x'::bytea))"
+                     " FROM (SELECT 'idle-' || i FROM generate_series(1, 50) i"
+                     "       UNION ALL SELECT 'busy-' || (i % 500) FROM generate_series(1, 2000) i) s(c)")
+        while got := dequeue(conn, n=500):
+            for d in got:
+                if d.channel.startswith("idle-"):
+                    call(conn, "message_complete", d.id, d.num_attempts)
+        analyze_from_now(conn)
+        plans = plans_of(conn, collect)
+        # The idle channels went; the 500 with all their messages in flight stayed.
+        assert conn.execute("SELECT count(*) FILTER (WHERE name LIKE 'idle-%'), count(*)"
+                            "  FROM fairq.channel").fetchone() == (0, 500)
+        scans = [(m.group(1), float(m.group(2)), int(m.group(3)))
+                 for plan in plans for line in plan.splitlines() if (m := LOCK_INDEX_SCAN.search(line))]
+        assert scans, "\n\n".join(plans)
+        assert all(loops == 1 for _, _, loops in scans), scans
+        # (2,000 locks, and the entries the 51 completed messages left behind.)
+        assert sum(rows for _, rows, _ in scans) <= 2000 + 51, scans
 
 
 def test_a_small_queue_beside_a_deep_one_reads_only_its_own_rows(loaded: Conn) -> None:
