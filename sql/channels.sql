@@ -124,12 +124,16 @@ $$;
 -- policy on first use, under each channel's producer lock (shared, taken in name
 -- order; and for a channel made here its creation lock) or, for a transaction gone
 -- bulk, its queue's bulk producer lock: either keeps them from being collected
--- until this transaction ends.
-CREATE FUNCTION fairq.channels_for_producer(p_queue_id integer, p_names text[]) RETURNS SETOF fairq.channel
+-- until this transaction ends. made: this call inserted the row (idle, with no
+-- turn), so until this transaction commits nobody else sees it (fairq.channels_wake
+-- writes its wake into it).
+CREATE FUNCTION fairq.channels_for_producer(p_queue_id integer, p_names text[])
+RETURNS TABLE(channel fairq.channel, made boolean)
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_missing bigint;  -- names with no committed row at the creation locks' look (NULL: not looked)
+    v_made bigint[] := '{}';
 BEGIN
     -- (Every look for the names below is a lookup per name: OFFSET 0 keeps each a
     -- subplan keyed by the name. Planned while the table was small, as a session's
@@ -160,18 +164,22 @@ BEGIN
     -- producer locks.) A name inserted concurrently (by a transaction gone bulk) is
     -- waited for, then left alone: the next statement's snapshot sees it either way.
     IF v_missing IS DISTINCT FROM 0 THEN
-        INSERT INTO fairq.channel (queue_id, name, idle_since)
-        SELECT DISTINCT p_queue_id, u.name, fairq.clock() FROM unnest(p_names) AS u(name)
-         WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = u.name
-                           OFFSET 0)
-         ORDER BY u.name
-        ON CONFLICT (queue_id, name) DO NOTHING;
+        WITH inserted AS (
+            INSERT INTO fairq.channel (queue_id, name, idle_since)
+            SELECT DISTINCT p_queue_id, u.name, fairq.clock() FROM unnest(p_names) AS u(name)
+             WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = u.name
+                               OFFSET 0)
+             ORDER BY u.name
+            ON CONFLICT (queue_id, name) DO NOTHING
+            RETURNING fairq.channel.id
+        )
+        SELECT coalesce(array_agg(i.id), '{}') INTO v_made FROM inserted i;
     END IF;
-    RETURN QUERY SELECT c.*
+    RETURN QUERY SELECT c.channel, (c.channel).id = ANY (v_made)
                    FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name)) u
-                  CROSS JOIN LATERAL (SELECT c.* FROM fairq.channel c
+                  CROSS JOIN LATERAL (SELECT c AS channel FROM fairq.channel c
                                        WHERE c.queue_id = p_queue_id AND c.name = u.name OFFSET 0) c
-                  ORDER BY c.id;
+                  ORDER BY (c.channel).id;
 END
 $$;
 
@@ -197,24 +205,34 @@ AS $$
     SELECT p_channel_due_at IS NULL OR (p_due_at < p_channel_due_at AND p_channel_due_at > p_now)
 $$;
 
+-- True when this transaction's top level wrote the row version whose xmin is p_xmin
+-- (a subtransaction's rows have xmins of their own, and may roll back alone).
+CREATE FUNCTION fairq.written_here(p_xmin xid) RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$ SELECT p_xmin::text = (pg_current_xact_id()::text::bigint % 4294967296)::text $$;
+
 -- True when this transaction itself queued a wake of channel p_channel_id that brings
--- its turn to p_due_at or earlier. Such a wake is committed with the messages that
--- need it, or with none of them, so it serves them as well as a second wake would
--- (a transaction gone bulk relies on nothing else: without this, one that loaded a
--- million messages in batches queued a wake per channel per batch, and each batch
--- read more of them). Only the top transaction's rows count: a wake queued in a
--- subtransaction may roll back without the messages, one queued by another
--- transaction may be applied before they commit. Only the latest wake due by
--- p_due_at is looked at (one index probe): other transactions' wakes can be
--- thousands, and when one of them is the latest, a wake queued now is the latest at
--- this transaction's next call.
+-- its turn to p_due_at or earlier, or wrote the channel's row with a due time by
+-- p_due_at (made it: fairq.channels_wake; or changed it, and so holds it). Such a
+-- wake is committed with the messages that need it, or with none of them, and such
+-- a row cannot be made less eligible before they are seen; either serves them as
+-- well as a second wake would (a transaction gone bulk relies on nothing else:
+-- without this, one that loaded a million messages in batches queued a wake per
+-- channel per batch, and each batch read more of them). Only the top transaction's
+-- rows count (fairq.written_here): a wake queued by another transaction may be
+-- applied before the messages commit. Only the latest wake due by p_due_at is looked
+-- at (one index probe): other transactions' wakes can be thousands, and when one of
+-- them is the latest, a wake queued now is the latest at this transaction's next
+-- call.
 CREATE FUNCTION fairq.woken_here(p_channel_id bigint, p_due_at timestamptz) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
-    SELECT coalesce((SELECT w.xmin::text = (pg_current_xact_id()::text::bigint % 4294967296)::text
+    SELECT coalesce((SELECT fairq.written_here(w.xmin)
                        FROM fairq.channel_wake w
                       WHERE w.channel_id = p_channel_id AND w.due_at <= p_due_at
                       ORDER BY w.due_at DESC LIMIT 1), false)
+        OR coalesce((SELECT fairq.written_here(c.xmin) AND c.due_at <= p_due_at
+                       FROM fairq.channel c WHERE c.id = p_channel_id), false)
 $$;
 
 -- The channels p_channel_ids as the next dequeue will see them, with the due times
@@ -248,39 +266,76 @@ $$;
 -- call is deciding whether the channel goes idle, and may not see these messages),
 -- the wake is queued anyway, and so is it for
 -- a channel that needed one at the first look, and by a transaction gone bulk (which
--- takes no channel's lock) unless it queued one itself (fairq.woken_here): a second
--- wake is harmless, and the producer never waits.
+-- takes no channel's lock) unless it queued one itself or holds the row
+-- (fairq.woken_here): a second wake is harmless, and the producer never waits.
 -- A producer never locks a channel row: one that did, for a wake, kept it until
 -- commit, so an open producer transaction hid the channel's other messages from
--- workers and made its completions wait. Returns the channels woken.
+-- workers and made its completions wait. The exception is a row the producer made
+-- (p_made, among p_channel_ids: fairq.channels_for_producer): nobody else sees it
+-- before this transaction commits, so nobody can wait for it or make it less
+-- eligible meanwhile, and its wake is written into it as fairq.channels_join would
+-- apply it (the keep-turn rule). The next dequeues find it waiting to join, with no
+-- wake to apply and none to delete. Returns the channels woken.
 CREATE FUNCTION fairq.channels_wake(p_queue_id integer, p_channel_ids bigint[], p_due_ats timestamptz[],
-                                    p_now timestamptz) RETURNS bigint[]
+                                    p_now timestamptz, p_made bigint[] DEFAULT '{}') RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_forced bigint[];  -- channels woken whatever the second look says
     v_woken bigint[];
+    v_written bigint[];  -- of p_made, with the due times and turn_seqs their wakes bring
+    v_written_dues timestamptz[];
+    v_written_seqs bigint[];
 BEGIN
     v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
-                       WHERE fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
-                          OR CASE WHEN fairq.gone_bulk(fairq.producer_locks_setting())
-                                  THEN NOT fairq.woken_here(k.id, k.due_at)
-                                  ELSE NOT fairq.settle_lock_try_shared(k.queue_id, k.name) END);
+                       WHERE NOT k.id = ANY (p_made)
+                         AND (fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
+                              OR CASE WHEN fairq.gone_bulk(fairq.producer_locks_setting())
+                                      THEN NOT fairq.woken_here(k.id, k.due_at)
+                                      ELSE NOT fairq.settle_lock_try_shared(k.queue_id, k.name) END));
     -- With the settle locks held: one settling in bulk would not see them.
-    IF cardinality(v_forced) < cardinality(p_channel_ids) AND fairq.bulk_settling(p_queue_id) THEN
+    IF cardinality(v_forced) + cardinality(p_made) < cardinality(p_channel_ids)
+       AND fairq.bulk_settling(p_queue_id) THEN
         v_forced := p_channel_ids;
     END IF;
-    WITH queued AS (
-        INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
-        SELECT n.id, n.due_at, p_now, nextval('fairq.turn_seq'), n.queue_id
+    -- Every wake takes its turn_seq here, in id order, queued or written.
+    WITH woken AS MATERIALIZED (
+        SELECT k.id, k.due_at, k.queue_id, k.id = ANY (p_made) AS made, nextval('fairq.turn_seq') AS turn_seq
           FROM (SELECT k.id, k.due_at, k.queue_id
                   FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
-                 WHERE k.id = ANY (v_forced) OR fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
+                 WHERE k.id = ANY (p_made) OR k.id = ANY (v_forced)
+                    OR fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
                  ORDER BY k.id
+                OFFSET 0) k
+    ), queued AS (
+        INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
+        SELECT w.id, w.due_at, p_now, w.turn_seq, w.queue_id FROM woken w WHERE NOT w.made ORDER BY w.id
+        RETURNING channel_id
+    )
+    SELECT coalesce((SELECT array_agg(q.channel_id) FROM queued q), '{}'),
+           coalesce(array_agg(w.id ORDER BY w.id) FILTER (WHERE w.made), '{}'),
+           array_agg(w.due_at ORDER BY w.id) FILTER (WHERE w.made),
+           array_agg(w.turn_seq ORDER BY w.id) FILTER (WHERE w.made)
+      INTO v_woken, v_written, v_written_dues, v_written_seqs
+      FROM woken w;
+    IF cardinality(v_written) > 0 THEN
+        UPDATE fairq.channel c
+           SET due_at = n.due_at,
+               idle_since = fairq.idle_since(n.due_at, c.idle_since, p_now),
+               turn_at = n.turn_at,
+               turn_pass = fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass),
+               turn_given_at = fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at),
+               turn_seq = fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, n.turn_seq)
+          FROM (SELECT k.id, d.due_at, e.turn_seq,
+                       fairq.next_turn(k.turn_at, d.due_at, k.last_release_at, k.release_interval_ms,
+                                       k.in_flight, k.max_concurrency, k.paused_until, p_now) AS turn_at
+                  FROM unnest(v_written, v_written_dues, v_written_seqs) AS e(id, due_at, turn_seq)
+                 CROSS JOIN LATERAL (SELECT k.* FROM fairq.channel k WHERE k.id = e.id OFFSET 0) k
+                 CROSS JOIN LATERAL (SELECT LEAST(k.due_at, e.due_at) AS due_at) d
                 OFFSET 0) n
-        RETURNING channel_id)
-    SELECT coalesce(array_agg(q.channel_id), '{}') INTO v_woken FROM queued q;
-    RETURN v_woken;
+         WHERE c.id = ANY (v_written) AND c.id = n.id;
+    END IF;
+    RETURN v_woken || v_written;
 END
 $$;
 
@@ -293,18 +348,20 @@ CREATE FUNCTION fairq.fold_wakes(p_channel_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM fairq.channels_join(p_channel_ids, '{}', NULL, NULL, 0);
+    PERFORM fairq.channels_join(p_channel_ids, NULL, NULL, 0);
 END
 $$;
 
 -- For a dequeue of queue p_queue_id, before it picks (fairq.join_rotation): the
--- channels whose queued wakes it takes, their rows locked. p_waiting are the
--- channels already waiting to join that the caller holds (their waits are over, the
--- earliest first). It reads the due wakes in windows of p_limit + 8 (by due and
--- woken time: an index range, so a burst of wakes costs each dequeue no more). Of a
--- window's channels it takes those that, with p_waiting, are the p_limit eligible
--- earliest (so the pick sees every channel whose turn is among the next p_limit, and
--- the other wakes stay queued, not written), and those that stay ineligible (at
+-- channels it takes, their rows locked: woken ones (whose queued wakes it will
+-- apply) and some of p_waiting, the channels already waiting to join (their waits
+-- are over, the earliest first; not locked yet: one that a woken channel passes is
+-- left to other calls, not held). It reads the due wakes in windows of p_limit + 8
+-- (by due and woken time: an index range, so a burst of wakes costs each dequeue no
+-- more). Of a window's channels it takes those that, with p_waiting, are the
+-- p_limit eligible earliest (so the pick sees every channel whose turn is among the
+-- next p_limit, and the other wakes stay queued, not written), and those that stay
+-- ineligible (at
 -- max_concurrency, rate-limited or paused past now), which no dequeue could serve
 -- now anyway: a dequeue holds no more servable channel rows than it may serve. Rows
 -- held by others are skipped; when that leaves it short, it reads the next window
@@ -332,7 +389,7 @@ DECLARE
     v_turn_ats timestamptz[];  -- with their turns
     v_turn_seqs bigint[];
     v_ineligible bigint[];     -- the others: at max_concurrency, or rate-limited past now
-    v_woken bigint[];
+    v_joined bigint[];         -- channels the window lets join, woken or waiting
     v_joining integer;
 BEGIN
     FOR v_window IN 1 .. v_max_windows LOOP
@@ -365,12 +422,12 @@ BEGIN
         -- that are free, then every free ineligible one. The waiting channels count in
         -- the first window only: a later one is read only when all of them joined.
         WITH joining AS (
-            SELECT c.id, m.woken
-              FROM (SELECT u.id, u.turn_at, u.turn_seq, u.woken
-                      FROM (SELECT e.id, e.turn_at, e.turn_seq, true AS woken
+            SELECT c.id
+              FROM (SELECT u.id, u.turn_at, u.turn_seq
+                      FROM (SELECT e.id, e.turn_at, e.turn_seq
                               FROM unnest(v_eligible, v_turn_ats, v_turn_seqs) AS e(id, turn_at, turn_seq)
                             UNION ALL
-                            SELECT k.id, k.turn_at, k.turn_seq, false
+                            SELECT k.id, k.turn_at, k.turn_seq
                               FROM fairq.channel k
                              WHERE v_window = 1 AND k.id = ANY (p_waiting)
                                AND k.id <> ALL (v_eligible)) u
@@ -380,10 +437,10 @@ BEGIN
              ORDER BY m.turn_at, m.turn_seq
              LIMIT v_wanted
                FOR NO KEY UPDATE OF c SKIP LOCKED)
-        SELECT coalesce(array_agg(j.id) FILTER (WHERE j.woken), '{}'), count(*)
-          INTO v_woken, v_joining
+        SELECT coalesce(array_agg(j.id), '{}'), count(*)
+          INTO v_joined, v_joining
           FROM joining j;
-        v_taken := v_taken || v_woken
+        v_taken := v_taken || v_joined
                    || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
                              ORDER BY c.id
                                FOR NO KEY UPDATE SKIP LOCKED);

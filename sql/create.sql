@@ -1,11 +1,13 @@
 -- create.sql — putting messages on channels.
 --
 -- Invariants:
---   * a producer holds only its channel's producer lock and never locks the channel
---     row: when its message must bring the channel's turn forward (the channel had
---     nothing due before it) it queues a wake that the next dequeue applies
---     (fairq.channels_wake). Producers never wait for a channel row, and producers
---     and workers never wait for one another;
+--   * a producer holds only its channel's producer lock and never locks a channel
+--     row others can see: when its message must bring the channel's turn forward
+--     (the channel had nothing due before it) it queues a wake that the next dequeue
+--     applies (fairq.channels_wake), unless it made the row itself, which nobody
+--     sees before it commits: then the wake is written into the row. Producers
+--     never wait for a channel row, and producers and workers never wait for one
+--     another;
 --   * a call never makes a channel less eligible while a producer that relies on it
 --     staying due holds its settle lock, and a producer that finds that lock taken
 --     queues a wake anyway, never waiting (see fairq.channels_wake), so a message
@@ -52,6 +54,7 @@ DECLARE
     v_names text[];
     v_channel_ids bigint[];
     v_bounded fairq.channel[];
+    v_made bigint[];         -- the channels this call made (fairq.channels_for_producer)
     v_woken bigint[];
     v_channel fairq.channel;
     v_channel_of bigint[];   -- per element: its channel's id
@@ -99,10 +102,12 @@ BEGIN
     -- lock; they conflict only with channel_set/channel_clear and the pause calls,
     -- each of which holds them for one short call, and with the collector, which only
     -- tries them.
-    SELECT coalesce(array_agg(c.name ORDER BY c.id), '{}'), coalesce(array_agg(c.id ORDER BY c.id), '{}'),
-           coalesce(array_agg(c ORDER BY c.id) FILTER (WHERE c.max_size IS NOT NULL), '{}')
-      INTO v_names, v_channel_ids, v_bounded
-      FROM fairq.channels_for_producer(v_queue_id, p_channels) AS c;
+    SELECT coalesce(array_agg((f.channel).name ORDER BY (f.channel).id), '{}'),
+           coalesce(array_agg((f.channel).id ORDER BY (f.channel).id), '{}'),
+           coalesce(array_agg(f.channel ORDER BY (f.channel).id) FILTER (WHERE (f.channel).max_size IS NOT NULL), '{}'),
+           coalesce(array_agg((f.channel).id) FILTER (WHERE f.made), '{}')
+      INTO v_names, v_channel_ids, v_bounded, v_made
+      FROM fairq.channels_for_producer(v_queue_id, p_channels) AS f;
     SELECT array_agg(e.channel_id ORDER BY e.i), array_agg(e.first_of ORDER BY e.i)
       INTO v_channel_of, v_first_of
       FROM (SELECT u.i, c.id AS channel_id,
@@ -205,7 +210,7 @@ BEGIN
     -- Wake the channels whose turn the created messages bring forward: each by the
     -- earliest of its created messages.
     SELECT fairq.channels_wake(v_queue_id, coalesce(array_agg(e.channel_id ORDER BY e.channel_id), '{}'),
-                               array_agg(e.earliest ORDER BY e.channel_id), v_now)
+                               array_agg(e.earliest ORDER BY e.channel_id), v_now, v_made)
       INTO v_woken
       FROM (SELECT u.channel_id, min(coalesce(u.dequeue_at, v_now)) AS earliest
               FROM unnest(v_channel_of, v_statuses, p_dequeue_ats) AS u(channel_id, status, dequeue_at)
@@ -247,6 +252,8 @@ DECLARE
     v_due_at timestamptz := coalesce(p_dequeue_at, v_now);
     v_queue_id integer;
     v_channel fairq.channel;
+    v_made bigint[] := '{}';  -- the channel, when this call made it (fairq.channels_for_producer)
+    v_for_producer record;
     v_settling boolean;  -- a call is deciding whether the channel goes idle
     v_wakes boolean;  -- the message brings its channel's turn forward: a wake is queued
     v_id bigint;
@@ -276,7 +283,11 @@ BEGIN
     END IF;
     SELECT * INTO v_channel FROM fairq.channel c WHERE c.queue_id = v_queue_id AND c.name = p_channel;
     IF v_channel.id IS NULL THEN
-        SELECT * INTO v_channel FROM fairq.channels_for_producer(v_queue_id, ARRAY[p_channel]);
+        SELECT * INTO v_for_producer FROM fairq.channels_for_producer(v_queue_id, ARRAY[p_channel]);
+        v_channel := v_for_producer.channel;
+        IF v_for_producer.made THEN
+            v_made := ARRAY[v_channel.id];
+        END IF;
     END IF;
     IF v_channel.max_size IS NOT NULL THEN
         -- A bounded channel: the batch path's admission under max_size.
@@ -319,7 +330,8 @@ BEGIN
         END IF;
     END IF;
     v_wakes := (v_settling OR fairq.needs_wake(v_channel.due_at, v_due_at, v_now))
-               AND cardinality(fairq.channels_wake(v_queue_id, ARRAY[v_channel.id], ARRAY[v_due_at], v_now)) > 0;
+               AND cardinality(fairq.channels_wake(v_queue_id, ARRAY[v_channel.id], ARRAY[v_due_at], v_now,
+                                                   v_made)) > 0;
     IF fairq.events_wanted(v_wakes) THEN
         IF fairq.worker_sleeps(v_queue_id) THEN
             PERFORM fairq.notify_event('created', v_queue_id, p_channel, v_id, v_due_at);

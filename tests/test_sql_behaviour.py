@@ -805,6 +805,28 @@ def test_a_transaction_of_single_calls_for_thousands_of_tenants_holds_few_locks(
     assert problems(conn) == []
 
 
+def test_a_channel_a_producer_makes_carries_its_wake_in_its_row(conn: Conn) -> None:
+    """A producer queues wakes for dequeues to apply because it must not lock a row
+    that others see; nobody sees a row the producer made until it commits. So the
+    first message of a new channel (the usual case with many sparse tenants) queues
+    no wake: the row is made due, with its turn, and the next dequeue finds it
+    waiting to join (0.7.16 queued a wake that a dequeue then read, applied and
+    deleted). Single and batch creates alike, a scheduled message's turn at its due
+    time, and the turns are those the wakes would have given."""
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    create(conn, "single")
+    conn.execute("SELECT fairq.message_create_batch(%s, %s, %s)",
+                 (["b1", "b2", "b1", "scheduled"], [b"x"] * 4, [None, None, None, later]))
+    assert conn.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (0,)
+    rows = dict(conn.execute("SELECT name, (idle_since, due_at IS NOT NULL, turn_at IS NOT NULL)::text"
+                             " FROM fairq.channel").fetchall())
+    assert rows == dict.fromkeys(["single", "b1", "b2", "scheduled"], "(,t,t)")
+    assert conn.execute("SELECT due_at, turn_at FROM fairq.channel WHERE name = 'scheduled'"
+                        ).fetchone() == (later, later)
+    assert channels_of(drain(conn)) == ["single", "b1", "b2", "b1"]
+    assert problems(conn) == []
+
+
 def test_a_transaction_gone_bulk_queues_one_wake_per_channel(conn: Conn) -> None:
     """An import that loads batch after batch over the same tenants in one transaction
     goes bulk, takes no channel's settle lock, and so wakes every channel it fills;
@@ -812,8 +834,11 @@ def test_a_transaction_gone_bulk_queues_one_wake_per_channel(conn: Conn) -> None
     queued one per channel per batch, and each batch read more of them: loading
     10^6 messages over 1,000 tenants slowed from 11,000 to under 1,000 a second).
     A message due before its own wake's time still queues one, and a wake of a
-    rolled-back savepoint does not count."""
+    rolled-back savepoint does not count. A channel it makes needs no wake at all:
+    its wake is written into the row, which it holds."""
     names = [f"tenant-{i}" for i in range(1_000)]
+    conn.execute("SELECT fairq.message_create_batch(%s, %s)", (names, [b"x"] * 1_000))
+    drain(conn)  # the tenants' channels stay, idle
     with conn.transaction():
         create(conn, "later", dequeue_at=datetime.now(timezone.utc) + timedelta(hours=1))
         for _ in range(5):
@@ -827,8 +852,9 @@ def test_a_transaction_gone_bulk_queues_one_wake_per_channel(conn: Conn) -> None
         create(conn, "later")
         row = conn.execute("SELECT current_setting('fairq.producer_locks', true),"
                            " (SELECT count(*) FROM fairq.channel_wake)").fetchone()
-    # The tenants', "rolled-back"'s, and two of "later" (for in an hour, then for now).
-    assert row == ("bulk", 1_000 + 1 + 2)
+    # The tenants', once each, and "later"'s for now (made for in an hour, its row
+    # says so); "rolled-back" was made twice, its wake in the row each time.
+    assert row == ("bulk", 1_000 + 1)
     ids: list[int] = []
     while got := conn.execute("SELECT id FROM fairq.message_dequeue(30000, 1000)").fetchall():
         ids += [g[0] for g in got]
@@ -848,7 +874,8 @@ def test_bulk_batches_each_in_its_own_transaction_read_one_wake_per_channel(conn
     batch = "SELECT count(*) FROM fairq.message_create_batch(%s, %s)"
     for _ in range(20):
         conn.execute(batch, (names, [b"x"] * 300))
-    assert conn.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (20 * 300,)
+    # (The first batch made the channels, with their wakes in their rows.)
+    assert conn.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (19 * 300,)
     read = ("SELECT pg_stat_get_xact_tuples_returned('fairq.channel_wake_channel_ix'::regclass)"
             " + pg_stat_get_xact_tuples_returned('fairq.channel_wake'::regclass)")
     with conn.transaction():
@@ -870,6 +897,9 @@ def test_a_transaction_of_many_single_creates_in_few_channels_queues_few_wakes(c
     enqueues hundreds of messages for a few tenants into bulk mode, which wakes
     every channel it fills (rows the workers then delete) and takes no settle lock:
     past the bound it counts the locks it really holds."""
+    for i in range(3):
+        create(conn, f"tenant-{i}")
+    drain(conn)  # the channels stay, idle: each message now needs a wake
     with conn.transaction():
         for i in range(600):
             create(conn, f"tenant-{i % 3}")
