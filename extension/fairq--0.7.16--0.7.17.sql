@@ -6,121 +6,62 @@
 -- internal ones changed their arguments or result and are created anew.
 DROP FUNCTION fairq.channels_for_producer(integer, text[]);
 DROP FUNCTION fairq.channels_wake(integer, bigint[], timestamptz[], timestamptz);
-DROP FUNCTION fairq.channels_join(bigint[], bigint[], integer, timestamptz, integer);
+DROP FUNCTION fairq.woken_to_take(integer, timestamptz, integer, bigint[]);
 
 CREATE OR REPLACE FUNCTION fairq.join_rotation(p_queue_id integer, p_now timestamptz, p_limit integer)
 RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_taken bigint[];
+    v_first_wake timestamptz;  -- the earliest due and woken time of the queue's wakes
+    v_waiting bigint[];
+    v_woken bigint[] := '{}';
+    v_joined bigint[];         -- waiting channels that the wakes let join
+    v_wanted integer;          -- places left
 BEGIN
-    -- The channels waiting to join, in two forms: as candidates that woken_to_take
-    -- locks only if they come among the first p_limit, or, with no wake queued,
-    -- locked at once.
-    IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = p_queue_id) THEN
-        v_taken := fairq.woken_to_take(p_queue_id, p_now, p_limit,
-                                       ARRAY(SELECT c.id FROM fairq.channel c
-                                              WHERE c.queue_id = p_queue_id
-                                                AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
-                                              ORDER BY c.turn_at, c.turn_pass, c.turn_seq
-                                              LIMIT p_limit));
-    ELSE
-        v_taken := ARRAY(SELECT c.id FROM fairq.channel c
-                          WHERE c.queue_id = p_queue_id
-                            AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
-                          ORDER BY c.turn_at, c.turn_pass, c.turn_seq
-                          LIMIT p_limit
-                            FOR NO KEY UPDATE SKIP LOCKED);
+    -- A woken channel's turn is never before its wake's due and woken time, so the
+    -- channels waiting since before the earliest wake's join ahead of every woken one:
+    -- those are locked at once (SKIP LOCKED: concurrent calls take different ones).
+    -- The next waiting channels are compared with the woken ones and locked only if
+    -- they come first (fairq.woken_to_take); any places still left go to the
+    -- waiting channels after them (their places, by turn, are theirs however late
+    -- they join).
+    v_first_wake := (SELECT GREATEST(w.due_at, w.woken_at) FROM fairq.channel_wake w
+                      WHERE w.queue_id = p_queue_id
+                      ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq LIMIT 1);
+    v_waiting := ARRAY(SELECT c.id FROM fairq.channel c
+                        WHERE c.queue_id = p_queue_id
+                          AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
+                          AND c.turn_at < coalesce(v_first_wake, 'infinity')
+                        ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                        LIMIT p_limit
+                          FOR NO KEY UPDATE SKIP LOCKED);
+    IF v_first_wake IS NOT NULL AND cardinality(v_waiting) < p_limit THEN
+        SELECT w.taken, w.waiting, w.wanted INTO v_woken, v_joined, v_wanted
+          FROM fairq.woken_to_take(p_queue_id, p_now, p_limit - cardinality(v_waiting),
+                                   ARRAY(SELECT c.id FROM fairq.channel c
+                                          WHERE c.queue_id = p_queue_id
+                                            AND c.turn_at >= v_first_wake AND c.turn_at <= p_now
+                                          ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                                          LIMIT p_limit - cardinality(v_waiting))) AS w;
+        v_waiting := v_waiting || v_joined;
+        IF v_wanted > 0 THEN
+            v_waiting := v_waiting || ARRAY(SELECT c.id FROM fairq.channel c
+                                             WHERE c.queue_id = p_queue_id
+                                               AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
+                                               AND c.id <> ALL (v_waiting || v_woken)
+                                             ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                                             LIMIT v_wanted
+                                               FOR NO KEY UPDATE SKIP LOCKED);
+        END IF;
     END IF;
-    IF cardinality(v_taken) = 0 THEN
+    IF cardinality(v_woken) = 0 AND cardinality(v_waiting) = 0 THEN
         RETURN false;
     END IF;
-    PERFORM fairq.channels_join(v_taken, p_queue_id, p_now, p_limit);
+    PERFORM fairq.channels_join(v_woken, v_waiting, p_queue_id, p_now, p_limit);
     RETURN true;
 END
 $$;
-
-CREATE OR REPLACE FUNCTION fairq.channels_join(p_channel_ids bigint[], p_queue_id integer, p_now timestamptz,
-                                    p_limit integer)
-RETURNS void
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    -- (Every step below is a scan, a sort or a window over the rows before it, never a
-    -- lookup of one CTE per row of another: that made a join of 100 channels cost
-    -- 10,000 row visits.)
-    WITH taken AS (
-        DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_channel_ids)
-        RETURNING w.channel_id, w.due_at, w.woken_at, w.turn_seq
-    ), folded AS (  -- each wake's turn, applied after the ones queued before it
-        SELECT t.channel_id, t.turn_seq, f.due_at,
-               fairq.next_turn(NULL, f.due_at, c.last_release_at, c.release_interval_ms,
-                               c.in_flight, c.max_concurrency, c.paused_until, t.woken_at) AS turn_at
-          FROM (SELECT t.*, min(t.due_at) OVER (PARTITION BY t.channel_id ORDER BY t.turn_seq) AS due_so_far
-                  FROM taken t) t
-          -- (Each woken channel looked up once, by id: planned while the table was
-          -- small, a join with the table read every channel to find the woken ones,
-          -- and a lookup per wake reads a channel as often as it has wakes.)
-          JOIN (SELECT c.* FROM (SELECT DISTINCT u.id FROM unnest(p_channel_ids) AS u(id)) u
-                 CROSS JOIN LATERAL (SELECT c.* FROM fairq.channel c WHERE c.id = u.id OFFSET 0) c
-                OFFSET 0) c ON c.id = t.channel_id
-         CROSS JOIN LATERAL (SELECT LEAST(c.due_at, t.due_so_far) AS due_at) f
-    ), woken AS (  -- per channel: the earliest turn, the earliest due time
-        SELECT DISTINCT ON (f.channel_id) f.channel_id, f.turn_at, f.turn_seq,
-               min(f.due_at) OVER (PARTITION BY f.channel_id) AS due_at
-          FROM folded f
-         ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
-    ), held AS (  -- each channel, as its wakes leave it; pos: its rank among those whose wait is over
-        SELECT h.*,
-               CASE WHEN h.waited THEN row_number() OVER (PARTITION BY h.waited
-                                                         ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
-          FROM (SELECT c.id, w.channel_id IS NOT NULL AS woken, coalesce(w.due_at, c.due_at) AS due_at,
-                       n.turn_at, n.turn_at > fairq.in_rotation() AND n.turn_at <= p_now AS waited,
-                       fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq) AS turn_seq,
-                       fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass) AS turn_pass,
-                       fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at) AS turn_given_at
-                  FROM fairq.channel c
-                  LEFT JOIN woken w ON w.channel_id = c.id
-                 CROSS JOIN LATERAL (SELECT LEAST(c.turn_at, w.turn_at) AS turn_at) n
-                 WHERE c.id = ANY (p_channel_ids)) h
-    ), placed AS (  -- the first p_limit of those join, in that order
-        SELECT p.*, count(*) FILTER (WHERE p.joins AND p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
-          FROM (SELECT h.*, (h.pos <= p_limit) IS TRUE AS joins,
-                       CASE WHEN h.pos <= p_limit THEN nextval('fairq.turn_seq') END AS joined_seq,
-                       -- (Looked up only when some place was given later than its turn:
-                       -- the latest given is one read, once.)
-                       CASE WHEN h.pos <= p_limit
-                             AND h.turn_at < (SELECT max(r.turn_given_at) FROM fairq.channel r
-                                               WHERE r.queue_id = p_queue_id
-                                                 AND r.turn_at = fairq.in_rotation())
-                            THEN (SELECT r.turn_pass FROM fairq.channel r
-                                   WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
-                                     AND r.turn_given_at > h.turn_at
-                                   ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) END AS next_pass
-                  FROM (SELECT h.* FROM held h ORDER BY h.pos OFFSET 0) h) p
-    )
-    UPDATE fairq.channel c
-       SET due_at = p.due_at,
-           idle_since = CASE WHEN NOT p.woken THEN c.idle_since END,  -- a wake brings a due time
-           turn_at = CASE WHEN p.joins THEN fairq.in_rotation() ELSE p.turn_at END,
-           turn_pass = CASE WHEN NOT p.joins THEN p.turn_pass
-                            -- (An empty rotation starts anywhere: passes are only
-                            -- compared within it.)
-                            ELSE coalesce(p.next_pass - 1,
-                                          coalesce((SELECT r.turn_pass FROM fairq.channel r
-                                                     WHERE r.queue_id = p_queue_id
-                                                       AND r.turn_at = fairq.in_rotation()
-                                                     ORDER BY r.turn_pass DESC LIMIT 1), 0)
-                                          + p.back_rank) END,
-           turn_given_at = CASE WHEN p.joins THEN p.turn_at ELSE p.turn_given_at END,
-           turn_seq = coalesce(p.joined_seq, p.turn_seq)
-      FROM placed p
-     WHERE c.id = ANY (p_channel_ids) AND c.id = p.id
-       AND (p.woken OR p.joins);
-END
-$$;
-REVOKE ALL ON FUNCTION fairq.channels_join(bigint[], integer, timestamptz, integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fairq.channels_for_producer(p_queue_id integer, p_names text[])
 RETURNS TABLE(channel fairq.channel, made boolean)
@@ -201,43 +142,36 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_forced bigint[];  -- channels woken whatever the second look says
-    v_woken bigint[];
-    v_written bigint[];  -- of p_made, with the due times and turn_seqs their wakes bring
-    v_written_dues timestamptz[];
-    v_written_seqs bigint[];
+    v_woken bigint[] := '{}';
 BEGIN
-    v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
-                       WHERE NOT k.id = ANY (p_made)
-                         AND (fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
-                              OR CASE WHEN fairq.gone_bulk(fairq.producer_locks_setting())
-                                      THEN NOT fairq.woken_here(k.id, k.due_at)
-                                      ELSE NOT fairq.settle_lock_try_shared(k.queue_id, k.name) END));
-    -- With the settle locks held: one settling in bulk would not see them.
-    IF cardinality(v_forced) + cardinality(p_made) < cardinality(p_channel_ids)
-       AND fairq.bulk_settling(p_queue_id) THEN
-        v_forced := p_channel_ids;
+    IF cardinality(p_made) < cardinality(p_channel_ids) THEN
+        v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
+                           WHERE NOT k.id = ANY (p_made)
+                             AND (fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
+                                  OR CASE WHEN fairq.gone_bulk(fairq.producer_locks_setting())
+                                          THEN NOT fairq.woken_here(k.id, k.due_at)
+                                          ELSE NOT fairq.settle_lock_try_shared(k.queue_id, k.name) END));
+        -- With the settle locks held: one settling in bulk would not see them.
+        IF cardinality(v_forced) + cardinality(p_made) < cardinality(p_channel_ids)
+           AND fairq.bulk_settling(p_queue_id) THEN
+            v_forced := p_channel_ids;
+        END IF;
+        WITH queued AS (
+            INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
+            SELECT n.id, n.due_at, p_now, nextval('fairq.turn_seq'), n.queue_id
+              FROM (SELECT k.id, k.due_at, k.queue_id
+                      FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
+                     WHERE NOT k.id = ANY (p_made)
+                       AND (k.id = ANY (v_forced) OR fairq.needs_wake(k.pending_due_at, k.due_at, p_now))
+                     ORDER BY k.id
+                    OFFSET 0) n
+            RETURNING channel_id)
+        SELECT coalesce(array_agg(q.channel_id), '{}') INTO v_woken FROM queued q;
     END IF;
-    -- Every wake takes its turn_seq here, in id order, queued or written.
-    WITH woken AS MATERIALIZED (
-        SELECT k.id, k.due_at, k.queue_id, k.id = ANY (p_made) AS made, nextval('fairq.turn_seq') AS turn_seq
-          FROM (SELECT k.id, k.due_at, k.queue_id
-                  FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
-                 WHERE k.id = ANY (p_made) OR k.id = ANY (v_forced)
-                    OR fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
-                 ORDER BY k.id
-                OFFSET 0) k
-    ), queued AS (
-        INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
-        SELECT w.id, w.due_at, p_now, w.turn_seq, w.queue_id FROM woken w WHERE NOT w.made ORDER BY w.id
-        RETURNING channel_id
-    )
-    SELECT coalesce((SELECT array_agg(q.channel_id) FROM queued q), '{}'),
-           coalesce(array_agg(w.id ORDER BY w.id) FILTER (WHERE w.made), '{}'),
-           array_agg(w.due_at ORDER BY w.id) FILTER (WHERE w.made),
-           array_agg(w.turn_seq ORDER BY w.id) FILTER (WHERE w.made)
-      INTO v_woken, v_written, v_written_dues, v_written_seqs
-      FROM woken w;
-    IF cardinality(v_written) > 0 THEN
+    -- The made channels take their turn_seqs after the queued wakes, in id order: so
+    -- all of one call's go in id order, a channel made here being newer than any
+    -- that was there.
+    IF cardinality(p_made) > 0 THEN
         UPDATE fairq.channel c
            SET due_at = n.due_at,
                idle_since = fairq.idle_since(n.due_at, c.idle_since, p_now),
@@ -245,31 +179,25 @@ BEGIN
                turn_pass = fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass),
                turn_given_at = fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at),
                turn_seq = fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, n.turn_seq)
-          FROM (SELECT k.id, d.due_at, e.turn_seq,
+          FROM (SELECT k.id, d.due_at, nextval('fairq.turn_seq') AS turn_seq,
                        fairq.next_turn(k.turn_at, d.due_at, k.last_release_at, k.release_interval_ms,
                                        k.in_flight, k.max_concurrency, k.paused_until, p_now) AS turn_at
-                  FROM unnest(v_written, v_written_dues, v_written_seqs) AS e(id, due_at, turn_seq)
+                  FROM unnest(p_channel_ids, p_due_ats) AS e(id, due_at)
                  CROSS JOIN LATERAL (SELECT k.* FROM fairq.channel k WHERE k.id = e.id OFFSET 0) k
                  CROSS JOIN LATERAL (SELECT LEAST(k.due_at, e.due_at) AS due_at) d
+                 WHERE e.id = ANY (p_made)
+                 ORDER BY k.id
                 OFFSET 0) n
-         WHERE c.id = ANY (v_written) AND c.id = n.id;
+         WHERE c.id = ANY (p_made) AND c.id = n.id;
     END IF;
-    RETURN v_woken || v_written;
+    RETURN v_woken || p_made;
 END
 $$;
 REVOKE ALL ON FUNCTION fairq.channels_wake(integer, bigint[], timestamptz[], timestamptz, bigint[]) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION fairq.fold_wakes(p_channel_ids bigint[]) RETURNS void
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    PERFORM fairq.channels_join(p_channel_ids, NULL, NULL, 0);
-END
-$$;
-
 CREATE OR REPLACE FUNCTION fairq.woken_to_take(p_queue_id integer, p_now timestamptz, p_limit integer,
-                                    p_waiting bigint[])
-RETURNS bigint[]
+                                    p_waiting bigint[], OUT taken bigint[], OUT waiting bigint[],
+                                    OUT wanted integer)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -278,18 +206,20 @@ DECLARE
     v_slack CONSTANT integer := 8;
     v_max_windows CONSTANT integer := 8;
     v_window_size CONSTANT integer := p_limit + v_slack;
-    v_taken bigint[] := '{}';
     v_seen bigint[] := '{}';   -- channels of the windows read so far
-    v_wanted integer := p_limit;  -- eligible channels still to take
     v_from timestamptz := '-infinity';  -- where the next window starts
     v_read integer;            -- wakes the window read
     v_eligible bigint[];       -- channels the window's wakes make eligible, earliest first,
     v_turn_ats timestamptz[];  -- with their turns
     v_turn_seqs bigint[];
     v_ineligible bigint[];     -- the others: at max_concurrency, or rate-limited past now
-    v_joined bigint[];         -- channels the window lets join, woken or waiting
+    v_joined bigint[];         -- woken channels the window lets join
+    v_joined_waiting bigint[]; -- and waiting ones
     v_joining integer;
 BEGIN
+    taken := '{}';
+    waiting := '{}';
+    wanted := p_limit;  -- eligible channels still to take
     FOR v_window IN 1 .. v_max_windows LOOP
         SELECT coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
                             FILTER (WHERE t.turn_at <= p_now), '{}'),
@@ -316,16 +246,16 @@ BEGIN
                          FROM fairq.channel k WHERE k.id = w.channel_id
                        OFFSET 0) k  -- one lookup by id per wake
                  GROUP BY w.channel_id) t;
-        -- Of these and the waiting channels (this call's own rows), the first v_wanted
-        -- that are free, then every free ineligible one. The waiting channels count in
-        -- the first window only: a later one is read only when all of them joined.
+        -- Of these and the waiting channels, the first wanted that are free, then every
+        -- free ineligible one. The waiting channels count in the first window only: a
+        -- later one is read only when all of them joined.
         WITH joining AS (
-            SELECT c.id
-              FROM (SELECT u.id, u.turn_at, u.turn_seq
-                      FROM (SELECT e.id, e.turn_at, e.turn_seq
+            SELECT c.id, m.woken
+              FROM (SELECT u.id, u.turn_at, u.turn_seq, u.woken
+                      FROM (SELECT e.id, e.turn_at, e.turn_seq, true AS woken
                               FROM unnest(v_eligible, v_turn_ats, v_turn_seqs) AS e(id, turn_at, turn_seq)
                             UNION ALL
-                            SELECT k.id, k.turn_at, k.turn_seq
+                            SELECT k.id, k.turn_at, k.turn_seq, false
                               FROM fairq.channel k
                              WHERE v_window = 1 AND k.id = ANY (p_waiting)
                                AND k.id <> ALL (v_eligible)) u
@@ -333,22 +263,24 @@ BEGIN
                     OFFSET 0) m  -- (sorted first: the rows are then locked one by one, in order)
               JOIN fairq.channel c ON c.id = m.id
              ORDER BY m.turn_at, m.turn_seq
-             LIMIT v_wanted
+             LIMIT wanted
                FOR NO KEY UPDATE OF c SKIP LOCKED)
-        SELECT coalesce(array_agg(j.id), '{}'), count(*)
-          INTO v_joined, v_joining
+        SELECT coalesce(array_agg(j.id) FILTER (WHERE j.woken), '{}'),
+               coalesce(array_agg(j.id) FILTER (WHERE NOT j.woken), '{}'), count(*)
+          INTO v_joined, v_joined_waiting, v_joining
           FROM joining j;
-        v_taken := v_taken || v_joined
-                   || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
-                             ORDER BY c.id
-                               FOR NO KEY UPDATE SKIP LOCKED);
-        v_wanted := v_wanted - v_joining;
-        EXIT WHEN v_wanted <= 0 OR v_read < v_window_size;
+        waiting := waiting || v_joined_waiting;
+        taken := taken || v_joined
+                 || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
+                           ORDER BY c.id
+                             FOR NO KEY UPDATE SKIP LOCKED);
+        wanted := wanted - v_joining;
+        EXIT WHEN wanted <= 0 OR v_read < v_window_size;
         v_seen := v_seen || v_eligible || v_ineligible;
     END LOOP;
-    RETURN v_taken;
 END
 $$;
+REVOKE ALL ON FUNCTION fairq.woken_to_take(integer, timestamptz, integer, bigint[]) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fairq.message_create_batch(
     p_channels text[],

@@ -282,43 +282,36 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_forced bigint[];  -- channels woken whatever the second look says
-    v_woken bigint[];
-    v_written bigint[];  -- of p_made, with the due times and turn_seqs their wakes bring
-    v_written_dues timestamptz[];
-    v_written_seqs bigint[];
+    v_woken bigint[] := '{}';
 BEGIN
-    v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
-                       WHERE NOT k.id = ANY (p_made)
-                         AND (fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
-                              OR CASE WHEN fairq.gone_bulk(fairq.producer_locks_setting())
-                                      THEN NOT fairq.woken_here(k.id, k.due_at)
-                                      ELSE NOT fairq.settle_lock_try_shared(k.queue_id, k.name) END));
-    -- With the settle locks held: one settling in bulk would not see them.
-    IF cardinality(v_forced) + cardinality(p_made) < cardinality(p_channel_ids)
-       AND fairq.bulk_settling(p_queue_id) THEN
-        v_forced := p_channel_ids;
+    IF cardinality(p_made) < cardinality(p_channel_ids) THEN
+        v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
+                           WHERE NOT k.id = ANY (p_made)
+                             AND (fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
+                                  OR CASE WHEN fairq.gone_bulk(fairq.producer_locks_setting())
+                                          THEN NOT fairq.woken_here(k.id, k.due_at)
+                                          ELSE NOT fairq.settle_lock_try_shared(k.queue_id, k.name) END));
+        -- With the settle locks held: one settling in bulk would not see them.
+        IF cardinality(v_forced) + cardinality(p_made) < cardinality(p_channel_ids)
+           AND fairq.bulk_settling(p_queue_id) THEN
+            v_forced := p_channel_ids;
+        END IF;
+        WITH queued AS (
+            INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
+            SELECT n.id, n.due_at, p_now, nextval('fairq.turn_seq'), n.queue_id
+              FROM (SELECT k.id, k.due_at, k.queue_id
+                      FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
+                     WHERE NOT k.id = ANY (p_made)
+                       AND (k.id = ANY (v_forced) OR fairq.needs_wake(k.pending_due_at, k.due_at, p_now))
+                     ORDER BY k.id
+                    OFFSET 0) n
+            RETURNING channel_id)
+        SELECT coalesce(array_agg(q.channel_id), '{}') INTO v_woken FROM queued q;
     END IF;
-    -- Every wake takes its turn_seq here, in id order, queued or written.
-    WITH woken AS MATERIALIZED (
-        SELECT k.id, k.due_at, k.queue_id, k.id = ANY (p_made) AS made, nextval('fairq.turn_seq') AS turn_seq
-          FROM (SELECT k.id, k.due_at, k.queue_id
-                  FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
-                 WHERE k.id = ANY (p_made) OR k.id = ANY (v_forced)
-                    OR fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
-                 ORDER BY k.id
-                OFFSET 0) k
-    ), queued AS (
-        INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
-        SELECT w.id, w.due_at, p_now, w.turn_seq, w.queue_id FROM woken w WHERE NOT w.made ORDER BY w.id
-        RETURNING channel_id
-    )
-    SELECT coalesce((SELECT array_agg(q.channel_id) FROM queued q), '{}'),
-           coalesce(array_agg(w.id ORDER BY w.id) FILTER (WHERE w.made), '{}'),
-           array_agg(w.due_at ORDER BY w.id) FILTER (WHERE w.made),
-           array_agg(w.turn_seq ORDER BY w.id) FILTER (WHERE w.made)
-      INTO v_woken, v_written, v_written_dues, v_written_seqs
-      FROM woken w;
-    IF cardinality(v_written) > 0 THEN
+    -- The made channels take their turn_seqs after the queued wakes, in id order: so
+    -- all of one call's go in id order, a channel made here being newer than any
+    -- that was there.
+    IF cardinality(p_made) > 0 THEN
         UPDATE fairq.channel c
            SET due_at = n.due_at,
                idle_since = fairq.idle_since(n.due_at, c.idle_since, p_now),
@@ -326,16 +319,18 @@ BEGIN
                turn_pass = fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass),
                turn_given_at = fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at),
                turn_seq = fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, n.turn_seq)
-          FROM (SELECT k.id, d.due_at, e.turn_seq,
+          FROM (SELECT k.id, d.due_at, nextval('fairq.turn_seq') AS turn_seq,
                        fairq.next_turn(k.turn_at, d.due_at, k.last_release_at, k.release_interval_ms,
                                        k.in_flight, k.max_concurrency, k.paused_until, p_now) AS turn_at
-                  FROM unnest(v_written, v_written_dues, v_written_seqs) AS e(id, due_at, turn_seq)
+                  FROM unnest(p_channel_ids, p_due_ats) AS e(id, due_at)
                  CROSS JOIN LATERAL (SELECT k.* FROM fairq.channel k WHERE k.id = e.id OFFSET 0) k
                  CROSS JOIN LATERAL (SELECT LEAST(k.due_at, e.due_at) AS due_at) d
+                 WHERE e.id = ANY (p_made)
+                 ORDER BY k.id
                 OFFSET 0) n
-         WHERE c.id = ANY (v_written) AND c.id = n.id;
+         WHERE c.id = ANY (p_made) AND c.id = n.id;
     END IF;
-    RETURN v_woken || v_written;
+    RETURN v_woken || p_made;
 END
 $$;
 
@@ -348,30 +343,29 @@ CREATE FUNCTION fairq.fold_wakes(p_channel_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM fairq.channels_join(p_channel_ids, NULL, NULL, 0);
+    PERFORM fairq.channels_join(p_channel_ids, '{}', NULL, NULL, 0);
 END
 $$;
 
--- For a dequeue of queue p_queue_id, before it picks (fairq.join_rotation): the
--- channels it takes, their rows locked: woken ones (whose queued wakes it will
--- apply) and some of p_waiting, the channels already waiting to join (their waits
--- are over, the earliest first; not locked yet: one that a woken channel passes is
--- left to other calls, not held). It reads the due wakes in windows of p_limit + 8
+-- For a dequeue of queue p_queue_id, before it picks (fairq.join_rotation): the woken
+-- channels it takes (taken), the channels of p_waiting it takes (waiting), their rows
+-- locked, and how many of p_limit places are left (wanted). p_waiting are channels
+-- waiting to join, earliest first, not locked yet: one that a woken channel passes
+-- is left to other calls, not held. It reads the due wakes in windows of p_limit + 8
 -- (by due and woken time: an index range, so a burst of wakes costs each dequeue no
 -- more). Of a window's channels it takes those that, with p_waiting, are the
 -- p_limit eligible earliest (so the pick sees every channel whose turn is among the
 -- next p_limit, and the other wakes stay queued, not written), and those that stay
--- ineligible (at
--- max_concurrency, rate-limited or paused past now), which no dequeue could serve
--- now anyway: a dequeue holds no more servable channel rows than it may serve. Rows
--- held by others are skipped; when that leaves it short, it reads the next window
--- (at most 8 in all), so concurrent dequeues take the wakes after each other's
--- instead of waiting for them. A rate-limited channel's wake can make
--- it eligible later than its place in the window says: then a channel woken just
--- after the window may take its turn one dequeue late.
+-- ineligible (at max_concurrency, rate-limited or paused past now), which no dequeue
+-- could serve now anyway: a dequeue holds no more servable channel rows than it may
+-- serve. Rows held by others are skipped; when that leaves it short, it reads the
+-- next window (at most 8 in all), so concurrent dequeues take the wakes after each
+-- other's instead of waiting for them. A rate-limited channel's wake can make it
+-- eligible later than its place in the window says: then a channel woken just after
+-- the window may take its turn one dequeue late.
 CREATE FUNCTION fairq.woken_to_take(p_queue_id integer, p_now timestamptz, p_limit integer,
-                                    p_waiting bigint[])
-RETURNS bigint[]
+                                    p_waiting bigint[], OUT taken bigint[], OUT waiting bigint[],
+                                    OUT wanted integer)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -380,18 +374,20 @@ DECLARE
     v_slack CONSTANT integer := 8;
     v_max_windows CONSTANT integer := 8;
     v_window_size CONSTANT integer := p_limit + v_slack;
-    v_taken bigint[] := '{}';
     v_seen bigint[] := '{}';   -- channels of the windows read so far
-    v_wanted integer := p_limit;  -- eligible channels still to take
     v_from timestamptz := '-infinity';  -- where the next window starts
     v_read integer;            -- wakes the window read
     v_eligible bigint[];       -- channels the window's wakes make eligible, earliest first,
     v_turn_ats timestamptz[];  -- with their turns
     v_turn_seqs bigint[];
     v_ineligible bigint[];     -- the others: at max_concurrency, or rate-limited past now
-    v_joined bigint[];         -- channels the window lets join, woken or waiting
+    v_joined bigint[];         -- woken channels the window lets join
+    v_joined_waiting bigint[]; -- and waiting ones
     v_joining integer;
 BEGIN
+    taken := '{}';
+    waiting := '{}';
+    wanted := p_limit;  -- eligible channels still to take
     FOR v_window IN 1 .. v_max_windows LOOP
         SELECT coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
                             FILTER (WHERE t.turn_at <= p_now), '{}'),
@@ -418,16 +414,16 @@ BEGIN
                          FROM fairq.channel k WHERE k.id = w.channel_id
                        OFFSET 0) k  -- one lookup by id per wake
                  GROUP BY w.channel_id) t;
-        -- Of these and the waiting channels (this call's own rows), the first v_wanted
-        -- that are free, then every free ineligible one. The waiting channels count in
-        -- the first window only: a later one is read only when all of them joined.
+        -- Of these and the waiting channels, the first wanted that are free, then every
+        -- free ineligible one. The waiting channels count in the first window only: a
+        -- later one is read only when all of them joined.
         WITH joining AS (
-            SELECT c.id
-              FROM (SELECT u.id, u.turn_at, u.turn_seq
-                      FROM (SELECT e.id, e.turn_at, e.turn_seq
+            SELECT c.id, m.woken
+              FROM (SELECT u.id, u.turn_at, u.turn_seq, u.woken
+                      FROM (SELECT e.id, e.turn_at, e.turn_seq, true AS woken
                               FROM unnest(v_eligible, v_turn_ats, v_turn_seqs) AS e(id, turn_at, turn_seq)
                             UNION ALL
-                            SELECT k.id, k.turn_at, k.turn_seq
+                            SELECT k.id, k.turn_at, k.turn_seq, false
                               FROM fairq.channel k
                              WHERE v_window = 1 AND k.id = ANY (p_waiting)
                                AND k.id <> ALL (v_eligible)) u
@@ -435,20 +431,21 @@ BEGIN
                     OFFSET 0) m  -- (sorted first: the rows are then locked one by one, in order)
               JOIN fairq.channel c ON c.id = m.id
              ORDER BY m.turn_at, m.turn_seq
-             LIMIT v_wanted
+             LIMIT wanted
                FOR NO KEY UPDATE OF c SKIP LOCKED)
-        SELECT coalesce(array_agg(j.id), '{}'), count(*)
-          INTO v_joined, v_joining
+        SELECT coalesce(array_agg(j.id) FILTER (WHERE j.woken), '{}'),
+               coalesce(array_agg(j.id) FILTER (WHERE NOT j.woken), '{}'), count(*)
+          INTO v_joined, v_joined_waiting, v_joining
           FROM joining j;
-        v_taken := v_taken || v_joined
-                   || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
-                             ORDER BY c.id
-                               FOR NO KEY UPDATE SKIP LOCKED);
-        v_wanted := v_wanted - v_joining;
-        EXIT WHEN v_wanted <= 0 OR v_read < v_window_size;
+        waiting := waiting || v_joined_waiting;
+        taken := taken || v_joined
+                 || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
+                           ORDER BY c.id
+                             FOR NO KEY UPDATE SKIP LOCKED);
+        wanted := wanted - v_joining;
+        EXIT WHEN wanted <= 0 OR v_read < v_window_size;
         v_seen := v_seen || v_eligible || v_ineligible;
     END LOOP;
-    RETURN v_taken;
 END
 $$;
 

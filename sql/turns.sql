@@ -151,58 +151,80 @@ $$;
 -- the earliest first makes their places exact for whoever picks next: a channel left
 -- waiting belongs behind every channel joined now. Rows other calls hold are skipped
 -- (their holders will give them their turns). The caller then holds these rows, and
--- no waiting channel that a woken one passed. True if it took any.
+-- no channel waiting to join that it does not let join. True if it took any.
 CREATE FUNCTION fairq.join_rotation(p_queue_id integer, p_now timestamptz, p_limit integer)
 RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_taken bigint[];
+    v_first_wake timestamptz;  -- the earliest due and woken time of the queue's wakes
+    v_waiting bigint[];
+    v_woken bigint[] := '{}';
+    v_joined bigint[];         -- waiting channels that the wakes let join
+    v_wanted integer;          -- places left
 BEGIN
-    -- The channels waiting to join, in two forms: as candidates that woken_to_take
-    -- locks only if they come among the first p_limit, or, with no wake queued,
-    -- locked at once.
-    IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = p_queue_id) THEN
-        v_taken := fairq.woken_to_take(p_queue_id, p_now, p_limit,
-                                       ARRAY(SELECT c.id FROM fairq.channel c
-                                              WHERE c.queue_id = p_queue_id
-                                                AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
-                                              ORDER BY c.turn_at, c.turn_pass, c.turn_seq
-                                              LIMIT p_limit));
-    ELSE
-        v_taken := ARRAY(SELECT c.id FROM fairq.channel c
-                          WHERE c.queue_id = p_queue_id
-                            AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
-                          ORDER BY c.turn_at, c.turn_pass, c.turn_seq
-                          LIMIT p_limit
-                            FOR NO KEY UPDATE SKIP LOCKED);
+    -- A woken channel's turn is never before its wake's due and woken time, so the
+    -- channels waiting since before the earliest wake's join ahead of every woken one:
+    -- those are locked at once (SKIP LOCKED: concurrent calls take different ones).
+    -- The next waiting channels are compared with the woken ones and locked only if
+    -- they come first (fairq.woken_to_take); any places still left go to the
+    -- waiting channels after them (their places, by turn, are theirs however late
+    -- they join).
+    v_first_wake := (SELECT GREATEST(w.due_at, w.woken_at) FROM fairq.channel_wake w
+                      WHERE w.queue_id = p_queue_id
+                      ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq LIMIT 1);
+    v_waiting := ARRAY(SELECT c.id FROM fairq.channel c
+                        WHERE c.queue_id = p_queue_id
+                          AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
+                          AND c.turn_at < coalesce(v_first_wake, 'infinity')
+                        ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                        LIMIT p_limit
+                          FOR NO KEY UPDATE SKIP LOCKED);
+    IF v_first_wake IS NOT NULL AND cardinality(v_waiting) < p_limit THEN
+        SELECT w.taken, w.waiting, w.wanted INTO v_woken, v_joined, v_wanted
+          FROM fairq.woken_to_take(p_queue_id, p_now, p_limit - cardinality(v_waiting),
+                                   ARRAY(SELECT c.id FROM fairq.channel c
+                                          WHERE c.queue_id = p_queue_id
+                                            AND c.turn_at >= v_first_wake AND c.turn_at <= p_now
+                                          ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                                          LIMIT p_limit - cardinality(v_waiting))) AS w;
+        v_waiting := v_waiting || v_joined;
+        IF v_wanted > 0 THEN
+            v_waiting := v_waiting || ARRAY(SELECT c.id FROM fairq.channel c
+                                             WHERE c.queue_id = p_queue_id
+                                               AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
+                                               AND c.id <> ALL (v_waiting || v_woken)
+                                             ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                                             LIMIT v_wanted
+                                               FOR NO KEY UPDATE SKIP LOCKED);
+        END IF;
     END IF;
-    IF cardinality(v_taken) = 0 THEN
+    IF cardinality(v_woken) = 0 AND cardinality(v_waiting) = 0 THEN
         RETURN false;
     END IF;
-    PERFORM fairq.channels_join(v_taken, p_queue_id, p_now, p_limit);
+    PERFORM fairq.channels_join(v_woken, v_waiting, p_queue_id, p_now, p_limit);
     RETURN true;
 END
 $$;
 
--- Writes, in one update per channel, what happens to channels p_channel_ids, whose
--- rows the caller holds (all of queue p_queue_id):
---   * their queued wakes (fairq.channels_wake), if any, are applied as if each had
+-- Writes, in one update per channel, what happens to channels whose rows the caller
+-- holds (all of queue p_queue_id):
+--   * the queued wakes of p_woken (fairq.channels_wake) are applied as if each had
 --     been applied when it was queued, in order, as of its woken_at (the keep-turn
 --     rule): the channel's due_at moves to the earliest wake's; its turn becomes the
 --     earliest any wake gives, or stays the earlier one it had (in the rotation: its
 --     place), with the turn_seq of the first wake that gave it. A wake committed
 --     after this statement's snapshot waits for a later caller;
---   * then the first p_limit of them (earliest turn first) whose wait is over by
---     p_now join the rotation, each just ahead of the first channel given its place
---     after its wait ended (its pass less one), or else at the back (one past the
---     highest pass), whatever its weight: the weight counts from its first turn on.
---     Those that join are given their places at their turn times.
+--   * then, of p_woken and p_waiting, the first p_limit (earliest turn first) whose
+--     wait is over by p_now join the rotation, each just ahead of the first channel
+--     given its place after its wait ended (its pass less one), or else at the back
+--     (one past the highest pass), whatever its weight: the weight counts from its
+--     first turn on. Those that join are given their places at their turn times.
 -- A woken channel that joins is so written once, not once for its wakes and once
 -- for its place. With p_limit 0 nothing joins: the wakes are folded in
 -- (fairq.fold_wakes).
-CREATE FUNCTION fairq.channels_join(p_channel_ids bigint[], p_queue_id integer, p_now timestamptz,
-                                    p_limit integer)
+CREATE FUNCTION fairq.channels_join(p_woken bigint[], p_waiting bigint[], p_queue_id integer,
+                                    p_now timestamptz, p_limit integer)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
@@ -211,7 +233,7 @@ BEGIN
     -- lookup of one CTE per row of another: that made a join of 100 channels cost
     -- 10,000 row visits.)
     WITH taken AS (
-        DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_channel_ids)
+        DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_woken)
         RETURNING w.channel_id, w.due_at, w.woken_at, w.turn_seq
     ), folded AS (  -- each wake's turn, applied after the ones queued before it
         SELECT t.channel_id, t.turn_seq, f.due_at,
@@ -222,7 +244,7 @@ BEGIN
           -- (Each woken channel looked up once, by id: planned while the table was
           -- small, a join with the table read every channel to find the woken ones,
           -- and a lookup per wake reads a channel as often as it has wakes.)
-          JOIN (SELECT c.* FROM (SELECT DISTINCT u.id FROM unnest(p_channel_ids) AS u(id)) u
+          JOIN (SELECT c.* FROM (SELECT DISTINCT u.id FROM unnest(p_woken) AS u(id)) u
                  CROSS JOIN LATERAL (SELECT c.* FROM fairq.channel c WHERE c.id = u.id OFFSET 0) c
                 OFFSET 0) c ON c.id = t.channel_id
          CROSS JOIN LATERAL (SELECT LEAST(c.due_at, t.due_so_far) AS due_at) f
@@ -243,7 +265,7 @@ BEGIN
                   FROM fairq.channel c
                   LEFT JOIN woken w ON w.channel_id = c.id
                  CROSS JOIN LATERAL (SELECT LEAST(c.turn_at, w.turn_at) AS turn_at) n
-                 WHERE c.id = ANY (p_channel_ids)) h
+                 WHERE c.id = ANY (p_woken || p_waiting)) h
     ), placed AS (  -- the first p_limit of those join, in that order
         SELECT p.*, count(*) FILTER (WHERE p.joins AND p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
           FROM (SELECT h.*, (h.pos <= p_limit) IS TRUE AS joins,
@@ -276,7 +298,7 @@ BEGIN
            turn_given_at = CASE WHEN p.joins THEN p.turn_at ELSE p.turn_given_at END,
            turn_seq = coalesce(p.joined_seq, p.turn_seq)
       FROM placed p
-     WHERE c.id = ANY (p_channel_ids) AND c.id = p.id
+     WHERE c.id = ANY (p_woken || p_waiting) AND c.id = p.id
        AND (p.woken OR p.joins);
 END
 $$;

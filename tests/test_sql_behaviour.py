@@ -827,6 +827,25 @@ def test_a_channel_a_producer_makes_carries_its_wake_in_its_row(conn: Conn) -> N
     assert problems(conn) == []
 
 
+def test_concurrent_batch_dequeues_take_different_waiting_channels(dsn: str) -> None:
+    """A dequeue that finds wakes queued compares the channels waiting to join with
+    the woken ones and locks only those that join. A second dequeue running
+    meanwhile finds most of the channels it compares held, and must still fill its
+    batch from the waiting channels after them, different from the first's."""
+    with psycopg.connect(dsn, autocommit=True) as a, psycopg.connect(dsn, autocommit=True) as b:
+        create(a, "old")
+        drain(a)                      # "old" stays, idle: its next message queues a wake
+        create(a, "old")
+        for i in range(20):
+            create(a, f"new-{i:02}")  # made by their messages: waiting to join, after the wake
+        with a.transaction():
+            first = channels_of(dequeue(a, n=5))
+            second = channels_of(dequeue(b, n=5))
+        assert first == ["old", "new-00", "new-01", "new-02", "new-03"]
+        assert len(second) == 5 and not set(first) & set(second), second
+        assert problems(a) == []
+
+
 def test_a_transaction_gone_bulk_queues_one_wake_per_channel(conn: Conn) -> None:
     """An import that loads batch after batch over the same tenants in one transaction
     goes bulk, takes no channel's settle lock, and so wakes every channel it fills;

@@ -3,4 +3,4 @@
 -- internal ones changed their arguments or result and are created anew.
 DROP FUNCTION fairq.channels_for_producer(integer, text[]);
 DROP FUNCTION fairq.channels_wake(integer, bigint[], timestamptz[], timestamptz);
-DROP FUNCTION fairq.channels_join(bigint[], bigint[], integer, timestamptz, integer);
+DROP FUNCTION fairq.woken_to_take(integer, timestamptz, integer, bigint[]);
