@@ -362,6 +362,7 @@ def test_a_retried_dead_letter_gets_a_fresh_max_attempts_budget(conn: Conn) -> N
         assert call(conn, "message_defer", d.id, d.num_attempts, None, None) == "deferred"
     assert dequeue(conn) == []  # a third delivery would pass max_attempts 2: it dies
     assert conn.execute("SELECT num_attempts FROM fairq.dead_letters").fetchall() == [(2,)]
+    assert d is not None
     assert call(conn, "dead_letter_retry", d.id) == "requeued"
     for attempt in (3, 4):  # two more deliveries: the budget restarted, the count did not
         again = dequeue_one(conn)
