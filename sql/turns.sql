@@ -209,64 +209,25 @@ $$;
 
 -- Writes, in one update per channel, what happens to channels whose rows the caller
 -- holds (all of queue p_queue_id):
---   * the queued wakes of p_woken (fairq.channels_wake) are applied as if each had
---     been applied when it was queued, in order, as of its woken_at (the keep-turn
---     rule): the channel's due_at moves to the earliest wake's; its turn becomes the
---     earliest any wake gives, or stays the earlier one it had (in the rotation: its
---     place), with the turn_seq of the first wake that gave it. A wake committed
---     after this statement's snapshot waits for a later caller;
+--   * the queued wakes of p_woken are applied (fairq.folded_wakes);
 --   * then, of p_woken and p_waiting, the first p_limit (earliest turn first) whose
 --     wait is over by p_now join the rotation, each just ahead of the first channel
 --     given its place after its wait ended (its pass less one), or else at the back
 --     (one past the highest pass), whatever its weight: the weight counts from its
 --     first turn on. Those that join are given their places at their turn times.
 -- A woken channel that joins is so written once, not once for its wakes and once
--- for its place. With p_limit 0 nothing joins: the wakes are folded in
--- (fairq.fold_wakes).
+-- for its place.
 CREATE FUNCTION fairq.channels_join(p_woken bigint[], p_waiting bigint[], p_queue_id integer,
                                     p_now timestamptz, p_limit integer)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    -- (Every step below is a scan, a sort or a window over the rows before it, never a
-    -- lookup of one CTE per row of another: that made a join of 100 channels cost
-    -- 10,000 row visits.)
-    WITH taken AS (
-        DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_woken)
-        RETURNING w.channel_id, w.due_at, w.woken_at, w.turn_seq
-    ), folded AS (  -- each wake's turn, applied after the ones queued before it
-        SELECT t.channel_id, t.turn_seq, f.due_at,
-               fairq.next_turn(NULL, f.due_at, c.last_release_at, c.release_interval_ms,
-                               c.in_flight, c.max_concurrency, c.paused_until, t.woken_at) AS turn_at
-          FROM (SELECT t.*, min(t.due_at) OVER (PARTITION BY t.channel_id ORDER BY t.turn_seq) AS due_so_far
-                  FROM taken t) t
-          -- (Each woken channel looked up once, by id: planned while the table was
-          -- small, a join with the table read every channel to find the woken ones,
-          -- and a lookup per wake reads a channel as often as it has wakes.)
-          JOIN (SELECT c.* FROM (SELECT DISTINCT u.id FROM unnest(p_woken) AS u(id)) u
-                 CROSS JOIN LATERAL (SELECT c.* FROM fairq.channel c WHERE c.id = u.id OFFSET 0) c
-                OFFSET 0) c ON c.id = t.channel_id
-         CROSS JOIN LATERAL (SELECT LEAST(c.due_at, t.due_so_far) AS due_at) f
-    ), woken AS (  -- per channel: the earliest turn, the earliest due time
-        SELECT DISTINCT ON (f.channel_id) f.channel_id, f.turn_at, f.turn_seq,
-               min(f.due_at) OVER (PARTITION BY f.channel_id) AS due_at
-          FROM folded f
-         ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
-    ), held AS (  -- each channel, as its wakes leave it; pos: its rank among those whose wait is over
-        SELECT h.*,
-               CASE WHEN h.waited THEN row_number() OVER (PARTITION BY h.waited
-                                                         ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
-          FROM (SELECT c.id, w.channel_id IS NOT NULL AS woken, coalesce(w.due_at, c.due_at) AS due_at,
-                       n.turn_at, n.turn_at > fairq.in_rotation() AND n.turn_at <= p_now AS waited,
-                       fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq) AS turn_seq,
-                       fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass) AS turn_pass,
-                       fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at) AS turn_given_at
-                  FROM fairq.channel c
-                  LEFT JOIN woken w ON w.channel_id = c.id
-                 CROSS JOIN LATERAL (SELECT LEAST(c.turn_at, w.turn_at) AS turn_at) n
-                 WHERE c.id = ANY (p_woken || p_waiting)) h
-    ), placed AS (  -- the first p_limit of those join, in that order
+    -- (Most channels that join carry their turn in their rows, waiting since a serve,
+    -- a completion or the producer that made them: with no wakes to apply,
+    -- fairq.folded_wakes is not called. Each node of this statement's plan costs its
+    -- start-up at every call, rows or not, so it has as few as placing needs.)
+    WITH placed AS (  -- pos: the rank of each channel whose wait is over
         SELECT p.*, count(*) FILTER (WHERE p.joins AND p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
           FROM (SELECT h.*, (h.pos <= p_limit) IS TRUE AS joins,
                        CASE WHEN h.pos <= p_limit THEN nextval('fairq.turn_seq') END AS joined_seq,
@@ -280,7 +241,19 @@ BEGIN
                                    WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
                                      AND r.turn_given_at > h.turn_at
                                    ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) END AS next_pass
-                  FROM (SELECT h.* FROM held h ORDER BY h.pos OFFSET 0) h) p
+                  FROM (SELECT h.*,
+                               CASE WHEN h.waited
+                                    THEN row_number() OVER (PARTITION BY h.waited
+                                                            ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
+                          FROM (SELECT h.*, h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now AS waited
+                                  FROM (SELECT c.id, false AS woken, c.due_at, c.turn_at, c.turn_seq,
+                                               c.turn_pass, c.turn_given_at
+                                          FROM fairq.channel c
+                                         WHERE c.id = ANY (p_waiting) AND NOT c.id = ANY (p_woken)
+                                        UNION ALL
+                                        SELECT w.* FROM fairq.folded_wakes(p_woken) w
+                                         WHERE cardinality(p_woken) > 0) h) h
+                         ORDER BY pos OFFSET 0) h) p
     )
     UPDATE fairq.channel c
        SET due_at = p.due_at,
