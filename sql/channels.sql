@@ -124,10 +124,15 @@ $$;
 -- policy on first use, under each channel's producer lock (shared, taken in name
 -- order; and for a channel made here its creation lock) or, for a transaction gone
 -- bulk, its queue's bulk producer lock: either keeps them from being collected
--- until this transaction ends. made: this call inserted the row (idle, with no
--- turn), so until this transaction commits nobody else sees it (fairq.channels_wake
--- writes its wake into it).
-CREATE FUNCTION fairq.channels_for_producer(p_queue_id integer, p_names text[])
+-- until this transaction ends. made: this call inserted the row, so until this
+-- transaction commits nobody else sees it. A row is made idle, with no turn, and
+-- fairq.channels_wake writes its wake into it once the caller knows its messages'
+-- due times; with p_made_due_at (message_create: one message on each name, due
+-- then, which nothing can refuse on a channel just made) it is made due at once,
+-- with the turn that wake would give: one write instead of two.
+CREATE FUNCTION fairq.channels_for_producer(p_queue_id integer, p_names text[],
+                                            p_made_due_at timestamptz DEFAULT NULL,
+                                            p_now timestamptz DEFAULT NULL)
 RETURNS TABLE(channel fairq.channel, made boolean)
 LANGUAGE plpgsql
 AS $$
@@ -165,11 +170,17 @@ BEGIN
     -- waited for, then left alone: the next statement's snapshot sees it either way.
     IF v_missing IS DISTINCT FROM 0 THEN
         WITH inserted AS (
-            INSERT INTO fairq.channel (queue_id, name, idle_since)
-            SELECT DISTINCT p_queue_id, u.name, fairq.clock() FROM unnest(p_names) AS u(name)
-             WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = u.name
-                               OFFSET 0)
-             ORDER BY u.name
+            INSERT INTO fairq.channel (queue_id, name, idle_since, due_at, turn_at, turn_seq)
+            SELECT p_queue_id, n.name, CASE WHEN p_made_due_at IS NULL THEN fairq.clock() END,
+                   p_made_due_at,
+                   -- (A new row: no release yet, no interval, nothing in flight, no
+                   -- cap, no pause.)
+                   fairq.next_turn(NULL, p_made_due_at, NULL, 0, 0, NULL, NULL, p_now),
+                   CASE WHEN p_made_due_at IS NOT NULL THEN nextval('fairq.turn_seq') END
+              FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name)
+                     WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c
+                                        WHERE c.queue_id = p_queue_id AND c.name = u.name OFFSET 0)
+                     ORDER BY u.name OFFSET 0) n
             ON CONFLICT (queue_id, name) DO NOTHING
             RETURNING fairq.channel.id
         )
@@ -271,7 +282,8 @@ $$;
 -- A producer never locks a channel row: one that did, for a wake, kept it until
 -- commit, so an open producer transaction hid the channel's other messages from
 -- workers and made its completions wait. The exception is a row the producer made
--- (p_made, among p_channel_ids: fairq.channels_for_producer): nobody else sees it
+-- (p_made, among p_channel_ids: fairq.channels_for_producer, which makes
+-- message_create's rows due itself): nobody else sees it
 -- before this transaction commits, so nobody can wait for it or make it less
 -- eligible meanwhile, and its wake is written into it as fairq.channels_join would
 -- apply it (the keep-turn rule). The next dequeues find it waiting to join, with no

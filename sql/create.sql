@@ -5,7 +5,8 @@
 --     row others can see: when its message must bring the channel's turn forward
 --     (the channel had nothing due before it) it queues a wake that the next dequeue
 --     applies (fairq.channels_wake), unless it made the row itself, which nobody
---     sees before it commits: then the wake is written into the row. Producers
+--     sees before it commits: then the wake is written into the row (by
+--     message_create as it inserts the row). Producers
 --     never wait for a channel row, and producers and workers never wait for one
 --     another;
 --   * a call never makes a channel less eligible while a producer that relies on it
@@ -252,7 +253,7 @@ DECLARE
     v_due_at timestamptz := coalesce(p_dequeue_at, v_now);
     v_queue_id integer;
     v_channel fairq.channel;
-    v_made bigint[] := '{}';  -- the channel, when this call made it (fairq.channels_for_producer)
+    v_made boolean := false;  -- this call made the channel, due (fairq.channels_for_producer)
     v_for_producer record;
     v_settling boolean;  -- a call is deciding whether the channel goes idle
     v_wakes boolean;  -- the message brings its channel's turn forward: a wake is queued
@@ -283,11 +284,10 @@ BEGIN
     END IF;
     SELECT * INTO v_channel FROM fairq.channel c WHERE c.queue_id = v_queue_id AND c.name = p_channel;
     IF v_channel.id IS NULL THEN
-        SELECT * INTO v_for_producer FROM fairq.channels_for_producer(v_queue_id, ARRAY[p_channel]);
+        SELECT * INTO v_for_producer
+          FROM fairq.channels_for_producer(v_queue_id, ARRAY[p_channel], v_due_at, v_now);
         v_channel := v_for_producer.channel;
-        IF v_for_producer.made THEN
-            v_made := ARRAY[v_channel.id];
-        END IF;
+        v_made := v_for_producer.made;
     END IF;
     IF v_channel.max_size IS NOT NULL THEN
         -- A bounded channel: the batch path's admission under max_size.
@@ -329,9 +329,10 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    v_wakes := (v_settling OR fairq.needs_wake(v_channel.due_at, v_due_at, v_now))
-               AND cardinality(fairq.channels_wake(v_queue_id, ARRAY[v_channel.id], ARRAY[v_due_at], v_now,
-                                                   v_made)) > 0;
+    v_wakes := v_made
+               OR ((v_settling OR fairq.needs_wake(v_channel.due_at, v_due_at, v_now))
+                   AND cardinality(fairq.channels_wake(v_queue_id, ARRAY[v_channel.id], ARRAY[v_due_at],
+                                                       v_now)) > 0);
     IF fairq.events_wanted(v_wakes) THEN
         IF fairq.worker_sleeps(v_queue_id) THEN
             PERFORM fairq.notify_event('created', v_queue_id, p_channel, v_id, v_due_at);

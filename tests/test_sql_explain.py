@@ -427,3 +427,19 @@ def test_a_join_with_no_wake_queued_starts_up_no_wake_folding(conn: Conn) -> Non
     joins = [p for p in plans if "back_rank" in p]
     assert len(joins) == 1, plans
     assert "channel_wake" not in joins[0], joins[0]
+
+
+def test_a_message_that_makes_its_channel_writes_the_row_once(conn: Conn) -> None:
+    """With many sparse tenants most messages make their channel. message_create
+    knows its message's due time before it makes the row, and nothing can refuse
+    a message on a channel just made, so the row is inserted due, with its turn:
+    no update follows (0.7.18 inserted it idle and then wrote its turn, two row
+    versions and four index entries more per message)."""
+    conn.execute("SET stats_fetch_consistency = none")
+    before = channel_updates(conn)
+    for i in range(5):
+        create(conn, f"new-{i}")
+    conn.execute("SELECT fairq.message_create('later', 'x', now() + interval '1 hour')")
+    assert channel_updates(conn) - before == 0
+    assert conn.execute("SELECT count(*) FILTER (WHERE turn_at IS NOT NULL AND idle_since IS NULL)"
+                        " FROM fairq.channel").fetchone() == (6,)
