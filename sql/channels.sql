@@ -127,9 +127,9 @@ $$;
 -- until this transaction ends. made: this call inserted the row, so until this
 -- transaction commits nobody else sees it. A row is made idle, with no turn, and
 -- fairq.channels_wake writes its wake into it once the caller knows its messages'
--- due times; with p_made_due_at (message_create: one message on each name, due
--- then, which nothing can refuse on a channel just made) it is made due at once,
--- with the turn that wake would give: one write instead of two.
+-- due times; with p_made_due_at (message_create, dead_letter_retry: one message on
+-- each name, due then, which nothing can refuse on a channel just made) it is made
+-- due at once, with the turn that wake would give: one write instead of two.
 CREATE FUNCTION fairq.channels_for_producer(p_queue_id integer, p_names text[],
                                             p_made_due_at timestamptz DEFAULT NULL,
                                             p_now timestamptz DEFAULT NULL)
@@ -283,9 +283,9 @@ $$;
 -- commit, so an open producer transaction hid the channel's other messages from
 -- workers and made its completions wait. The exception is a row the producer made
 -- (p_made, among p_channel_ids: fairq.channels_for_producer, which makes
--- message_create's rows due itself): nobody else sees it
+-- message_create's and dead_letter_retry's rows due itself): nobody else sees it
 -- before this transaction commits, so nobody can wait for it or make it less
--- eligible meanwhile, and its wake is written into it as fairq.channels_join would
+-- eligible meanwhile, and its wake is written into it as fairq.folded_wakes would
 -- apply it (the keep-turn rule). The next dequeues find it waiting to join, with no
 -- wake to apply and none to delete. Returns the channels woken.
 CREATE FUNCTION fairq.channels_wake(p_queue_id integer, p_channel_ids bigint[], p_due_ats timestamptz[],

@@ -6,9 +6,9 @@
 --     (the channel had nothing due before it) it queues a wake that the next dequeue
 --     applies (fairq.channels_wake), unless it made the row itself, which nobody
 --     sees before it commits: then the wake is written into the row (by
---     message_create as it inserts the row). Producers
---     never wait for a channel row, and producers and workers never wait for one
---     another;
+--     fairq.channels_wake, or as the row is inserted when its one message's due
+--     time is known: fairq.channels_for_producer). Producers never wait for a
+--     channel row, and producers and workers never wait for one another;
 --   * a call never makes a channel less eligible while a producer that relies on it
 --     staying due holds its settle lock, and a producer that finds that lock taken
 --     queues a wake anyway, never waiting (see fairq.channels_wake), so a message

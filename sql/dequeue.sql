@@ -14,7 +14,10 @@
 --      producers woke (their queued wakes are applied in the same write), each
 --      placed as if it had joined when its producer gave it its turn. Then take the
 --      channels first in the rotation (by pass), as many as messages are still
---      wanted: one scan of channel_turn_ix (queue_id, turn_at, turn_pass, turn_seq). Channels at max_concurrency, rate-limited,
+--      wanted: one scan of channel_turn_ix (queue_id, turn_at, turn_pass, turn_seq).
+--      (A call for one message whose one joining channel would be first in the
+--      rotation takes that channel without writing it into the rotation: it is
+--      served from where it joins, its row written once.) Channels at max_concurrency, rate-limited,
 --      paused or with nothing due are not in the rotation, so they cost nothing.
 --      SKIP LOCKED spreads concurrent dequeues over channels. A channel placed in
 --      the rotation after this call read its clock is served at a fresh clock (its
@@ -232,6 +235,9 @@ DECLARE
     v_paused_until timestamptz;
     v_expired boolean;  -- the queue's earliest lock has expired
     v_joiners boolean;  -- fairq.join_rotation has channels to let join
+    v_join record;  -- what fairq.join_rotation did
+    v_first_id bigint;  -- a channel to serve first, not yet written into the rotation
+    v_first_pass bigint;  -- the pass it joins at
     v_wait_until timestamptz;
     v_picked bigint[];
     v_picked_names text[];
@@ -280,32 +286,44 @@ BEGIN
     IF v_paused_until > v_now THEN
         v_count := p_max_messages;  -- a paused queue hands nothing out
     ELSIF v_joiners THEN
-        v_holds_locks := fairq.join_rotation(v_queue_id, v_now, p_max_messages) OR v_holds_locks;
+        v_join := fairq.join_rotation(v_queue_id, v_now, p_max_messages, p_max_messages = 1);
+        v_holds_locks := v_join.took OR v_holds_locks;
+        v_first_id := v_join.first_id;
+        v_first_pass := v_join.first_pass;
     END IF;
 
     WHILE v_count < p_max_messages LOOP
-        -- Step 2. (The aggregates take the rows in the order the subquery gives them,
-        -- the rotation order: PostgreSQL's sorted-subquery idiom, without a sort of
-        -- their own.)
-        SELECT coalesce(array_agg(p.id), '{}'), coalesce(array_agg(p.name), '{}'),
-               coalesce(bool_or(p.max_attempts IS NOT NULL), false),
-               -- Only different weights, or a channel still waiting to join, can end a
-               -- round early (fairq.round_length).
-               count(*) > 1 AND (bool_or(p.turn_at <> fairq.in_rotation())
-                                 OR min(p.weight) <> max(p.weight)),
-               -- The turn_seq of each picked channel, taken in pick order: served or
-               -- not, each takes its next turn in the order n single dequeues would
-               -- give it.
-               coalesce(array_agg(nextval('fairq.turn_seq')), '{}'),
-               max(p.turn_given_at)
-          INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs, v_latest_given
-          FROM (SELECT c.id, c.name, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts,
-                       c.turn_given_at
-                  FROM fairq.channel c
-                 WHERE c.queue_id = v_queue_id AND c.turn_at <= v_now AND c.id <> ALL (v_visited)
-                 ORDER BY c.turn_at, c.turn_pass, c.turn_seq
-                 LIMIT p_max_messages - v_count
-                   FOR NO KEY UPDATE SKIP LOCKED) p;
+        IF v_first_id IS NOT NULL THEN
+            -- Step 2 for the channel fairq.join_rotation found first (this call holds it):
+            -- picked alone, where it joins.
+            SELECT ARRAY[c.id], ARRAY[c.name], c.max_attempts IS NOT NULL, false,
+                   ARRAY[nextval('fairq.turn_seq')], NULL::timestamptz
+              INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs, v_latest_given
+              FROM fairq.channel c WHERE c.id = v_first_id;
+        ELSE
+            -- Step 2. (The aggregates take the rows in the order the subquery gives them,
+            -- the rotation order: PostgreSQL's sorted-subquery idiom, without a sort of
+            -- their own.)
+            SELECT coalesce(array_agg(p.id), '{}'), coalesce(array_agg(p.name), '{}'),
+                   coalesce(bool_or(p.max_attempts IS NOT NULL), false),
+                   -- Only different weights, or a channel still waiting to join, can end a
+                   -- round early (fairq.round_length).
+                   count(*) > 1 AND (bool_or(p.turn_at <> fairq.in_rotation())
+                                     OR min(p.weight) <> max(p.weight)),
+                   -- The turn_seq of each picked channel, taken in pick order: served or
+                   -- not, each takes its next turn in the order n single dequeues would
+                   -- give it.
+                   coalesce(array_agg(nextval('fairq.turn_seq')), '{}'),
+                   max(p.turn_given_at)
+              INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs, v_latest_given
+              FROM (SELECT c.id, c.name, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts,
+                           c.turn_given_at
+                      FROM fairq.channel c
+                     WHERE c.queue_id = v_queue_id AND c.turn_at <= v_now AND c.id <> ALL (v_visited)
+                     ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                     LIMIT p_max_messages - v_count
+                       FOR NO KEY UPDATE SKIP LOCKED) p;
+        END IF;
         IF cardinality(v_picked) = 0 THEN
             -- A call that read the clock after this one may have served a channel
             -- meanwhile and given it its next turn at that later clock (so may a
@@ -314,7 +332,7 @@ BEGIN
             IF NOT v_clock_fresh THEN
                 v_now := fairq.clock();
                 v_clock_fresh := true;
-                v_holds_locks := fairq.join_rotation(v_queue_id, v_now, p_max_messages - v_count)
+                v_holds_locks := (fairq.join_rotation(v_queue_id, v_now, p_max_messages - v_count)).took
                                  OR v_holds_locks;
                 CONTINUE;
             END IF;
@@ -331,7 +349,7 @@ BEGIN
             -- clock: a channel that joins the rotation now is served at that clock, never
             -- at the one read before the wait (a rate limit counts from the release).
             v_now := fairq.clock();
-            v_holds_locks := fairq.join_rotation(v_queue_id, v_now, p_max_messages - v_count);
+            v_holds_locks := (fairq.join_rotation(v_queue_id, v_now, p_max_messages - v_count)).took;
             v_clock_fresh := false;
             CONTINUE;
         END IF;
@@ -396,7 +414,7 @@ BEGIN
                        num_attempts = m.num_attempts + 1,
                        first_dequeued_at = coalesce(m.first_dequeued_at, v_now)
                  WHERE m.id = ANY (v_ids)
-                RETURNING m.*
+                RETURNING m.id, m.content, m.state, m.num_attempts, m.priority, m.dequeue_at, m.recovered
             )
             SELECT l.id, s.name, l.content, l.state, l.num_attempts, l.priority, l.dequeue_at, l.recovered
               FROM locked l
@@ -413,7 +431,8 @@ BEGIN
                    due_at = n.due_at,
                    idle_since = fairq.idle_since(n.due_at, c.idle_since, v_now),
                    turn_at = n.turn_at,
-                   turn_pass = fairq.served_turn_pass(n.turn_at, c.turn_pass, c.weight),
+                   turn_pass = fairq.served_turn_pass(n.turn_at, CASE WHEN c.id = v_first_id THEN v_first_pass
+                                                                      ELSE c.turn_pass END, c.weight),
                    turn_given_at = CASE WHEN n.turn_at = fairq.in_rotation() THEN v_now END,
                    turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL, n.turn_seq)
               FROM (SELECT x.row_ctid, x.due_at, x.turn_seq,
@@ -423,7 +442,12 @@ BEGIN
                                                    k.in_flight + 1, k.max_concurrency,
                                                    k.paused_until, v_now) AS next_turn
                               FROM unnest(v_served, v_served_names, v_served_seqs) AS s(channel_id, name, turn_seq)
-                             CROSS JOIN LATERAL (SELECT k.ctid, k.* FROM fairq.channel k
+                             CROSS JOIN LATERAL (SELECT k.ctid,
+                                                        CASE WHEN k.id = v_first_id THEN fairq.in_rotation()
+                                                             ELSE k.turn_at END AS turn_at,
+                                                        k.release_interval_ms, k.in_flight, k.max_concurrency,
+                                                        k.paused_until
+                                                   FROM fairq.channel k
                                                   WHERE k.id = s.channel_id OFFSET 0) k
                              CROSS JOIN LATERAL (
                                    SELECT CASE WHEN p.due_at <= v_now THEN p.due_at
@@ -451,6 +475,7 @@ BEGIN
             END LOOP;
         END IF;
         v_count := v_count + cardinality(v_ids);
+        v_first_id := NULL;
     END LOOP;
     -- The collector's turn, if nobody ran it in the last second (its row is taken
     -- with SKIP LOCKED: no dequeue waits for another's collection).

@@ -358,10 +358,12 @@ BEGIN
     END IF;
     -- An operator's retry is not subject to max_size, and carries no dedup key.
     SELECT * INTO v_for_producer
-      FROM fairq.channels_for_producer(fairq.queue_for_producer(v_dead.queue, 'queue'), ARRAY[v_dead.channel]);
+      FROM fairq.channels_for_producer(fairq.queue_for_producer(v_dead.queue, 'queue'), ARRAY[v_dead.channel],
+                                       v_now, v_now);
     v_channel := v_for_producer.channel;
-    PERFORM fairq.channels_wake(v_channel.queue_id, ARRAY[v_channel.id], ARRAY[v_now], v_now,
-                                CASE WHEN v_for_producer.made THEN ARRAY[v_channel.id] ELSE '{}' END);
+    IF NOT v_for_producer.made THEN  -- (a row made here is made due)
+        PERFORM fairq.channels_wake(v_channel.queue_id, ARRAY[v_channel.id], ARRAY[v_now], v_now);
+    END IF;
     PERFORM fairq.channel_resize(v_channel, 1, false);
     -- num_attempts goes on counting (it is the fencing token: a holder from before the
     -- message died must stay stale); max_attempts counts afresh from here.

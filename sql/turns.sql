@@ -22,7 +22,8 @@
 --   * only a dequeue puts a channel into the rotation (fairq.join_rotation, at its
 --     start, earliest time first, no more than it may serve): every other call that
 --     makes a channel servable gives it a time, so no call but the dequeue reads
---     the rotation;
+--     the rotation. One that would be first there and is served at once is written
+--     by the serve alone, with the place it joins at;
 --   * a channel stays in the rotation, moved on by its stride, while it is served
 --     and still servable at once; anything that makes it wait (rate limit, a future
 --     message, a pause, a full channel) takes it out, and it joins again at the
@@ -145,15 +146,43 @@ BEGIN
 END
 $$;
 
+-- Where a channel joins the rotation of queue p_queue_id (fairq.channels_join, and
+-- fairq.join_rotation's test of whether it would be first): just ahead of the first
+-- channel given its place after its turn (rotation_after: that channel's pass), or
+-- else behind the last (rotation_back: the highest pass). Table functions of one
+-- row, inlined into the statements that read them.
+CREATE FUNCTION fairq.rotation_after(p_queue_id integer, p_turn_at timestamptz)
+RETURNS TABLE(turn_pass bigint)
+LANGUAGE sql STABLE
+AS $$
+    SELECT r.turn_pass FROM fairq.channel r
+     WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation() AND r.turn_given_at > p_turn_at
+     ORDER BY r.turn_given_at, r.turn_pass LIMIT 1
+$$;
+
+CREATE FUNCTION fairq.rotation_back(p_queue_id integer) RETURNS TABLE(turn_pass bigint)
+LANGUAGE sql STABLE
+AS $$
+    SELECT r.turn_pass FROM fairq.channel r
+     WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
+     ORDER BY r.turn_pass DESC LIMIT 1
+$$;
+
 -- For a dequeue of queue p_queue_id, before it picks: the channels whose wait is over
 -- (turn_at <= p_now, or made so by the wakes producers queued: fairq.woken_to_take),
 -- earliest first and at most p_limit, join the rotation (fairq.channels_join). Taking
 -- the earliest first makes their places exact for whoever picks next: a channel left
 -- waiting belongs behind every channel joined now. Rows other calls hold are skipped
 -- (their holders will give them their turns). The caller then holds these rows, and
--- no channel waiting to join that it does not let join. True if it took any.
-CREATE FUNCTION fairq.join_rotation(p_queue_id integer, p_now timestamptz, p_limit integer)
-RETURNS boolean
+-- no channel waiting to join that it does not let join. took: it took any.
+-- With p_serve_first (a dequeue of one message), one channel to join that would be
+-- first in the rotation (ahead of every channel there, held or not, or alone) is not
+-- written: first_id and first_pass say which it is and the pass it joins at, and the
+-- dequeue serves it from there, writing its row once instead of twice. That is what
+-- joining it and then picking would do: the pick takes the first of the rotation.
+CREATE FUNCTION fairq.join_rotation(p_queue_id integer, p_now timestamptz, p_limit integer,
+                                    p_serve_first boolean DEFAULT false,
+                                    OUT took boolean, OUT first_id bigint, OUT first_pass bigint)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -199,11 +228,26 @@ BEGIN
                                                FOR NO KEY UPDATE SKIP LOCKED);
         END IF;
     END IF;
-    IF cardinality(v_woken) = 0 AND cardinality(v_waiting) = 0 THEN
-        RETURN false;
+    took := cardinality(v_woken) > 0 OR cardinality(v_waiting) > 0;
+    IF NOT took THEN
+        RETURN;
+    END IF;
+    IF p_serve_first AND cardinality(v_woken) = 0 AND cardinality(v_waiting) = 1 THEN
+        SELECT j.pass INTO first_pass
+          FROM (SELECT coalesce((SELECT a.turn_pass FROM fairq.rotation_after(p_queue_id, c.turn_at) AS a) - 1,
+                                coalesce((SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b), 0) + 1)
+                       AS pass
+                  FROM fairq.channel c WHERE c.id = v_waiting[1]) j
+         -- (On an equal pass the channel already there goes first.)
+         WHERE (j.pass < (SELECT r.turn_pass FROM fairq.channel r
+                           WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
+                           ORDER BY r.turn_pass LIMIT 1)) IS NOT FALSE;
+        IF FOUND THEN
+            first_id := v_waiting[1];
+            RETURN;
+        END IF;
     END IF;
     PERFORM fairq.channels_join(v_woken, v_waiting, p_queue_id, p_now, p_limit);
-    RETURN true;
 END
 $$;
 
@@ -237,10 +281,8 @@ BEGIN
                              AND h.turn_at < (SELECT max(r.turn_given_at) FROM fairq.channel r
                                                WHERE r.queue_id = p_queue_id
                                                  AND r.turn_at = fairq.in_rotation())
-                            THEN (SELECT r.turn_pass FROM fairq.channel r
-                                   WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
-                                     AND r.turn_given_at > h.turn_at
-                                   ORDER BY r.turn_given_at, r.turn_pass LIMIT 1) END AS next_pass
+                            THEN (SELECT a.turn_pass FROM fairq.rotation_after(p_queue_id, h.turn_at) AS a)
+                       END AS next_pass
                   FROM (SELECT h.*,
                                CASE WHEN h.waited
                                     THEN row_number() OVER (PARTITION BY h.waited
@@ -263,10 +305,7 @@ BEGIN
                             -- (An empty rotation starts anywhere: passes are only
                             -- compared within it.)
                             ELSE coalesce(p.next_pass - 1,
-                                          coalesce((SELECT r.turn_pass FROM fairq.channel r
-                                                     WHERE r.queue_id = p_queue_id
-                                                       AND r.turn_at = fairq.in_rotation()
-                                                     ORDER BY r.turn_pass DESC LIMIT 1), 0)
+                                          coalesce((SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b), 0)
                                           + p.back_rank) END,
            turn_given_at = CASE WHEN p.joins THEN p.turn_at ELSE p.turn_given_at END,
            turn_seq = coalesce(p.joined_seq, p.turn_seq)

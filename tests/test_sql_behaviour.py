@@ -40,6 +40,18 @@ def test_backlogged_channels_take_strict_turns_across_single_calls(conn: Conn) -
         assert len(set(window)) == len(channels), (start, window)
 
 
+def test_a_channel_due_after_a_serve_waits_behind_the_served_channel(conn: Conn) -> None:
+    """A dequeue of one serves a channel waiting to join straight from where it joins
+    when it would be first in the rotation, and lets it join otherwise: a channel
+    that became due after another was served and kept its place goes behind it."""
+    create_many(conn, ["a", "a"])
+    assert channels_of(dequeue(conn)) == ["a"]  # a keeps its place, given now
+    create(conn, "b")  # b waits to join since later
+    assert channels_of(dequeue(conn)) == ["a"]
+    assert channels_of(dequeue(conn)) == ["b"]
+    assert problems(conn) == []
+
+
 def test_one_batch_call_is_fair_within_the_same_instant(conn: Conn) -> None:
     channels = [f"c{i}" for i in range(7)]
     for ch in channels:

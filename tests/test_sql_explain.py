@@ -413,6 +413,19 @@ def test_a_sparse_tenants_channel_is_written_twice_per_message(conn: Conn, per_c
     assert (served, channel_updates(conn) - before) == (10, 20)
 
 
+def test_a_channel_that_joins_first_is_served_with_one_write(conn: Conn) -> None:
+    """A channel that waits to join (made due by its producer, or waiting since a
+    serve) and would be first in the rotation is served by a dequeue of one straight
+    from where it joins: its row is written once, by the serve (0.7.19 wrote it
+    twice, joined and then served)."""
+    for i in range(3):
+        create(conn, f"tenant-{i}")
+    conn.execute("SET stats_fetch_consistency = none")
+    before = channel_updates(conn)
+    served = [d.channel for _ in range(3) for d in dequeue(conn)]
+    assert (served, channel_updates(conn) - before) == (["tenant-0", "tenant-1", "tenant-2"], 3)
+
+
 def test_a_join_with_no_wake_queued_starts_up_no_wake_folding(conn: Conn) -> None:
     """Most channels a dequeue lets join carry their turn in their rows (a channel's
     first message, a serve, a completion): nothing in the wake queue concerns them.
@@ -423,7 +436,9 @@ def test_a_join_with_no_wake_queued_starts_up_no_wake_folding(conn: Conn) -> Non
     for i in range(3):
         create(conn, f"tenant-{i}")
     assert conn.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (0,)
-    plans = plans_of(conn, "SELECT * FROM fairq.message_dequeue(30000, 1)")
+    # (Three wanted: a call for one serves a lone channel that would be first
+    # without a join statement.)
+    plans = plans_of(conn, "SELECT * FROM fairq.message_dequeue(30000, 3)")
     joins = [p for p in plans if "back_rank" in p]
     assert len(joins) == 1, plans
     assert "channel_wake" not in joins[0], joins[0]
