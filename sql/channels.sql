@@ -130,9 +130,12 @@ $$;
 -- due times; with p_made_due_at (message_create, dead_letter_retry: one message on
 -- each name, due then, which nothing can refuse on a channel just made) it is made
 -- due at once, with the turn that wake would give: one write instead of two.
+-- p_in_bulk: what fairq.producing_in_bulk answered the caller for these names (which
+-- then holds their producer locks unless it said yes); NULL: ask it here.
 CREATE FUNCTION fairq.channels_for_producer(p_queue_id integer, p_names text[],
                                             p_made_due_at timestamptz DEFAULT NULL,
-                                            p_now timestamptz DEFAULT NULL)
+                                            p_now timestamptz DEFAULT NULL,
+                                            p_in_bulk boolean DEFAULT NULL)
 RETURNS TABLE(channel fairq.channel, made boolean)
 LANGUAGE plpgsql
 AS $$
@@ -145,11 +148,16 @@ BEGIN
     -- cached plan may be, an anti-join, or "name = ANY (p_names)" filtered out of a
     -- scan by queue, read every channel of the queue at each call: one transaction
     -- making n new channels took time in n².)
-    IF NOT fairq.producing_in_bulk(p_queue_id, (SELECT count(DISTINCT u.name)::integer
-                                                  FROM unnest(p_names) AS u(name))) THEN
-        PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
-                                             fairq.producer_lock_key(p_queue_id, n.name))
-           FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name) ORDER BY u.name) n;
+    IF p_in_bulk IS NULL THEN
+        p_in_bulk := fairq.producing_in_bulk(p_queue_id, (SELECT count(DISTINCT u.name)::integer
+                                                            FROM unnest(p_names) AS u(name)));
+        IF NOT p_in_bulk THEN
+            PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
+                                                 fairq.producer_lock_key(p_queue_id, n.name))
+               FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name) ORDER BY u.name) n;
+        END IF;
+    END IF;
+    IF NOT p_in_bulk THEN
         -- A channel is made by one producer at a time: the others wait for its commit
         -- here, then the next statement sees its row. Left to the unique index, a
         -- second producer waited inside its INSERT for the first, and then for any

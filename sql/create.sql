@@ -255,6 +255,7 @@ DECLARE
     v_channel fairq.channel;
     v_made boolean := false;  -- this call made the channel, due (fairq.channels_for_producer)
     v_for_producer record;
+    v_in_bulk boolean;  -- this transaction holds its queue's bulk producer lock instead
     v_settling boolean;  -- a call is deciding whether the channel goes idle
     v_wakes boolean;  -- the message brings its channel's turn forward: a wake is queued
     v_id bigint;
@@ -273,7 +274,8 @@ BEGIN
     -- as read here (fairq.channels_wake, which also queues the wake when it is not). A
     -- transaction bulk for producer locks (or going bulk with this channel) holds its
     -- queue's bulk producer lock instead, and queues the wake.
-    IF fairq.producing_in_bulk(v_queue_id, 1) THEN
+    v_in_bulk := fairq.producing_in_bulk(v_queue_id, 1);
+    IF v_in_bulk THEN
         v_settling := true;
     ELSE
         SELECT NOT fairq.settle_lock_try_shared(v_queue_id, p_channel) INTO v_settling
@@ -285,7 +287,7 @@ BEGIN
     SELECT * INTO v_channel FROM fairq.channel c WHERE c.queue_id = v_queue_id AND c.name = p_channel;
     IF v_channel.id IS NULL THEN
         SELECT * INTO v_for_producer
-          FROM fairq.channels_for_producer(v_queue_id, ARRAY[p_channel], v_due_at, v_now);
+          FROM fairq.channels_for_producer(v_queue_id, ARRAY[p_channel], v_due_at, v_now, v_in_bulk);
         v_channel := v_for_producer.channel;
         v_made := v_for_producer.made;
     END IF;

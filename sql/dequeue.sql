@@ -296,10 +296,12 @@ BEGIN
         IF v_first_id IS NOT NULL THEN
             -- Step 2 for the channel fairq.join_rotation found first (this call holds it):
             -- picked alone, where it joins.
-            SELECT ARRAY[c.id], ARRAY[c.name], c.max_attempts IS NOT NULL, false,
-                   ARRAY[nextval('fairq.turn_seq')], NULL::timestamptz
-              INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs, v_latest_given
-              FROM fairq.channel c WHERE c.id = v_first_id;
+            v_picked := ARRAY[v_first_id];
+            v_picked_names := ARRAY[v_join.first_name];
+            v_attempts_capped := v_join.first_capped;
+            v_uneven := false;
+            v_turn_seqs := ARRAY[nextval('fairq.turn_seq')];
+            v_latest_given := NULL;
         ELSE
             -- Step 2. (The aggregates take the rows in the order the subquery gives them,
             -- the rotation order: PostgreSQL's sorted-subquery idiom, without a sort of

@@ -177,12 +177,14 @@ $$;
 -- no channel waiting to join that it does not let join. took: it took any.
 -- With p_serve_first (a dequeue of one message), one channel to join that would be
 -- first in the rotation (ahead of every channel there, held or not, or alone) is not
--- written: first_id and first_pass say which it is and the pass it joins at, and the
+-- written: first_id and first_pass say which it is and the pass it joins at (and
+-- first_name and first_capped its name and whether it has max_attempts), and the
 -- dequeue serves it from there, writing its row once instead of twice. That is what
 -- joining it and then picking would do: the pick takes the first of the rotation.
 CREATE FUNCTION fairq.join_rotation(p_queue_id integer, p_now timestamptz, p_limit integer,
                                     p_serve_first boolean DEFAULT false,
-                                    OUT took boolean, OUT first_id bigint, OUT first_pass bigint)
+                                    OUT took boolean, OUT first_id bigint, OUT first_pass bigint,
+                                    OUT first_name text, OUT first_capped boolean)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -199,16 +201,20 @@ BEGIN
     -- they come first (fairq.woken_to_take); any places still left go to the
     -- waiting channels after them (their places, by turn, are theirs however late
     -- they join).
-    v_first_wake := (SELECT GREATEST(w.due_at, w.woken_at) FROM fairq.channel_wake w
-                      WHERE w.queue_id = p_queue_id
-                      ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq LIMIT 1);
-    v_waiting := ARRAY(SELECT c.id FROM fairq.channel c
-                        WHERE c.queue_id = p_queue_id
-                          AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
-                          AND c.turn_at < coalesce(v_first_wake, 'infinity')
-                        ORDER BY c.turn_at, c.turn_pass, c.turn_seq
-                        LIMIT p_limit
-                          FOR NO KEY UPDATE SKIP LOCKED);
+    -- (One statement: the earliest wake, read once, and the channels before it.)
+    SELECT f.wake_at,
+           ARRAY(SELECT c.id FROM fairq.channel c
+                  WHERE c.queue_id = p_queue_id
+                    AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
+                    AND c.turn_at < coalesce(f.wake_at, 'infinity')
+                  ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                  LIMIT p_limit
+                    FOR NO KEY UPDATE SKIP LOCKED)
+      INTO v_first_wake, v_waiting
+      FROM (SELECT (SELECT GREATEST(w.due_at, w.woken_at) FROM fairq.channel_wake w
+                     WHERE w.queue_id = p_queue_id
+                     ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq LIMIT 1) AS wake_at
+            OFFSET 0) f;
     IF v_first_wake IS NOT NULL AND cardinality(v_waiting) < p_limit THEN
         SELECT w.taken, w.waiting, w.wanted INTO v_woken, v_joined, v_wanted
           FROM fairq.woken_to_take(p_queue_id, p_now, p_limit - cardinality(v_waiting),
@@ -233,11 +239,13 @@ BEGIN
         RETURN;
     END IF;
     IF p_serve_first AND cardinality(v_woken) = 0 AND cardinality(v_waiting) = 1 THEN
-        SELECT j.pass INTO first_pass
+        SELECT j.pass, j.name, j.capped INTO first_pass, first_name, first_capped
           FROM (SELECT coalesce((SELECT a.turn_pass FROM fairq.rotation_after(p_queue_id, c.turn_at) AS a) - 1,
                                 coalesce((SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b), 0) + 1)
-                       AS pass
-                  FROM fairq.channel c WHERE c.id = v_waiting[1]) j
+                       AS pass,
+                       c.name, c.max_attempts IS NOT NULL AS capped
+                  FROM fairq.channel c WHERE c.id = v_waiting[1]
+                OFFSET 0) j  -- (the pass found once, not once for each use)
          -- (On an equal pass the channel already there goes first.)
          WHERE (j.pass < (SELECT r.turn_pass FROM fairq.channel r
                            WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
