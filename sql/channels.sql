@@ -53,22 +53,27 @@ $$;
 -- In the same snapshot the channel's queued wakes are dropped, as spent (the caller
 -- holds the row, as fairq.join_rotation would): a producer that found the settle
 -- lock taken queued its wake anyway, and if it commits after that snapshot its wake
--- is not seen, so it stays queued with its message.
+-- is not seen, so it stays queued with its message. p_not_due: the caller has just
+-- looked and found nothing due now (the dequeue's serve), so the first look is its.
 CREATE FUNCTION fairq.settled_due_at(p_channel_id bigint, p_queue_id integer, p_name text,
-                                     p_now timestamptz)
+                                     p_now timestamptz, p_not_due boolean DEFAULT false)
 RETURNS timestamptz
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_due_at timestamptz := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
+    v_due_at timestamptz;
 BEGIN
-    IF v_due_at IS NULL OR v_due_at > p_now THEN
-        IF NOT fairq.settle_lock_try(p_queue_id, p_name) THEN
-            RETURN p_now;
+    IF NOT p_not_due THEN
+        v_due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
+        IF v_due_at <= p_now THEN
+            RETURN v_due_at;
         END IF;
-        WITH spent AS (DELETE FROM fairq.channel_wake w WHERE w.channel_id = p_channel_id)
-        SELECT p.due_at INTO v_due_at FROM fairq.pending_due_at(p_channel_id) AS p;
     END IF;
+    IF NOT fairq.settle_lock_try(p_queue_id, p_name) THEN
+        RETURN p_now;
+    END IF;
+    WITH spent AS (DELETE FROM fairq.channel_wake w WHERE w.channel_id = p_channel_id)
+    SELECT p.due_at INTO v_due_at FROM fairq.pending_due_at(p_channel_id) AS p;
     RETURN v_due_at;
 END
 $$;

@@ -454,7 +454,7 @@ BEGIN
                              CROSS JOIN LATERAL (
                                    SELECT CASE WHEN p.due_at <= v_now THEN p.due_at
                                                ELSE fairq.settled_due_at(s.channel_id, v_queue_id,
-                                                                         s.name, v_now) END AS due_at
+                                                                         s.name, v_now, true) END AS due_at
                                      FROM (SELECT p.due_at FROM fairq.pending_due_at(s.channel_id) AS p
                                            OFFSET 0) p
                                    OFFSET 0) d
