@@ -366,10 +366,9 @@ $$;
 -- wake gives, or stays the earlier one it had (in the rotation: its place), with the
 -- turn_seq of the first wake that gave it. A wake committed after this statement's
 -- snapshot waits for a later caller. Nothing is written to the channels: the caller
--- writes them (fairq.fold_wakes, or fairq.channels_join with their places).
-CREATE FUNCTION fairq.folded_wakes(p_channel_ids bigint[])
-RETURNS TABLE(id bigint, woken boolean, due_at timestamptz, turn_at timestamptz, turn_seq bigint,
-              turn_pass bigint, turn_given_at timestamptz)
+-- writes them (fairq.fold_wakes, or fairq.join_rotation and fairq.channels_join with
+-- their places).
+CREATE FUNCTION fairq.folded_wakes(p_channel_ids bigint[]) RETURNS SETOF fairq.folded_turn
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column

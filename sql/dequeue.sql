@@ -15,10 +15,11 @@
 --      placed as if it had joined when its producer gave it its turn. Then take the
 --      channels first in the rotation (by pass), as many as messages are still
 --      wanted: one scan of channel_turn_ix (queue_id, turn_at, turn_pass, turn_seq).
---      (A call for one message whose one joining channel would be first in the
---      rotation takes that channel without writing it into the rotation: it is
---      served from where it joins, its row written once.) Channels at max_concurrency, rate-limited,
---      paused or with nothing due are not in the rotation, so they cost nothing.
+--      (A call for one message whose one joining channel, waiting or woken, would be
+--      first in the rotation takes that channel without writing it into the
+--      rotation: it is served from where it joins, its row written once.) Channels
+--      at max_concurrency, rate-limited, paused or with nothing due are not in the
+--      rotation, so they cost nothing.
 --      SKIP LOCKED spreads concurrent dequeues over channels. A channel placed in
 --      the rotation after this call read its clock is served at a fresh clock (its
 --      release is recorded at that clock). A pick that finds
@@ -431,7 +432,9 @@ BEGIN
                SET in_flight = c.in_flight + fairq.slots(c.max_concurrency, 1),
                    last_release_at = v_now,
                    due_at = n.due_at,
-                   idle_since = fairq.idle_since(n.due_at, c.idle_since, v_now),
+                   -- (It had work: idle from now on, if at all. A woken channel
+                   -- served first still reads as idle before.)
+                   idle_since = fairq.idle_since(n.due_at, NULL, v_now),
                    turn_at = n.turn_at,
                    turn_pass = fairq.served_turn_pass(n.turn_at, CASE WHEN c.id = v_first_id THEN v_first_pass
                                                                       ELSE c.turn_pass END, c.weight),

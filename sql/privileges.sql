@@ -14,6 +14,7 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fairq FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA fairq FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA fairq FROM PUBLIC;
 REVOKE ALL ON TYPE fairq.message_status FROM PUBLIC;
+REVOKE ALL ON TYPE fairq.folded_turn FROM PUBLIC;
 REVOKE ALL ON SCHEMA fairq FROM PUBLIC;
 
 -- Grants p_privileges on each of p_objects to the role (identifiers quoted by

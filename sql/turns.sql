@@ -168,6 +168,11 @@ AS $$
      ORDER BY r.turn_pass DESC LIMIT 1
 $$;
 
+-- A channel's turn as its queued wakes leave it (fairq.folded_wakes, in channels.sql),
+-- not yet written.
+CREATE TYPE fairq.folded_turn AS (id bigint, woken boolean, due_at timestamptz, turn_at timestamptz,
+                                  turn_seq bigint, turn_pass bigint, turn_given_at timestamptz);
+
 -- For a dequeue of queue p_queue_id, before it picks: the channels whose wait is over
 -- (turn_at <= p_now, or made so by the wakes producers queued: fairq.woken_to_take),
 -- earliest first and at most p_limit, join the rotation (fairq.channels_join). Taking
@@ -175,12 +180,14 @@ $$;
 -- waiting belongs behind every channel joined now. Rows other calls hold are skipped
 -- (their holders will give them their turns). The caller then holds these rows, and
 -- no channel waiting to join that it does not let join. took: it took any.
--- With p_serve_first (a dequeue of one message), one channel to join that would be
--- first in the rotation (ahead of every channel there, held or not, or alone) is not
--- written: first_id and first_pass say which it is and the pass it joins at (and
--- first_name and first_capped its name and whether it has max_attempts), and the
--- dequeue serves it from there, writing its row once instead of twice. That is what
--- joining it and then picking would do: the pick takes the first of the rotation.
+-- The woken channels' wakes are folded here (fairq.folded_wakes) and written by the
+-- join. With p_serve_first (a dequeue of one message), one channel to join, waiting
+-- or woken, that would be first in the rotation (ahead of every channel there, held
+-- or not, or alone) is not written: first_id and first_pass say which it is and the
+-- pass it joins at (and first_name and first_capped its name and whether it has
+-- max_attempts), and the dequeue serves it from there, writing its row once instead
+-- of twice (a woken one's wakes are spent by then). That is what joining it and then
+-- picking would do: the pick takes the first of the rotation.
 CREATE FUNCTION fairq.join_rotation(p_queue_id integer, p_now timestamptz, p_limit integer,
                                     p_serve_first boolean DEFAULT false,
                                     OUT took boolean, OUT first_id bigint, OUT first_pass bigint,
@@ -191,6 +198,7 @@ DECLARE
     v_first_wake timestamptz;  -- the earliest due and woken time of the queue's wakes
     v_waiting bigint[];
     v_woken bigint[] := '{}';
+    v_folded fairq.folded_turn[];  -- the woken channels as their wakes leave them
     v_joined bigint[];         -- waiting channels that the wakes let join
     v_wanted integer;          -- places left
 BEGIN
@@ -238,30 +246,38 @@ BEGIN
     IF NOT took THEN
         RETURN;
     END IF;
-    IF p_serve_first AND cardinality(v_woken) = 0 AND cardinality(v_waiting) = 1 THEN
+    IF cardinality(v_woken) > 0 THEN
+        v_folded := ARRAY(SELECT w FROM fairq.folded_wakes(v_woken) AS w);
+    END IF;
+    IF p_serve_first AND cardinality(v_woken) + cardinality(v_waiting) = 1 THEN
         SELECT j.pass, j.name, j.capped INTO first_pass, first_name, first_capped
-          FROM (SELECT coalesce((SELECT a.turn_pass FROM fairq.rotation_after(p_queue_id, c.turn_at) AS a) - 1,
+          FROM (SELECT coalesce((SELECT a.turn_pass FROM fairq.rotation_after(p_queue_id, t.turn_at) AS a) - 1,
                                 coalesce((SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b), 0) + 1)
                        AS pass,
                        c.name, c.max_attempts IS NOT NULL AS capped
-                  FROM fairq.channel c WHERE c.id = v_waiting[1]
+                  FROM fairq.channel c
+                 CROSS JOIN LATERAL (SELECT CASE WHEN cardinality(v_woken) = 0 THEN c.turn_at
+                                                 ELSE (v_folded[1]).turn_at END AS turn_at) t
+                 WHERE c.id = coalesce(v_woken[1], v_waiting[1])
+                   AND t.turn_at > fairq.in_rotation() AND t.turn_at <= p_now  -- (a woken one may not be due)
                 OFFSET 0) j  -- (the pass found once, not once for each use)
          -- (On an equal pass the channel already there goes first.)
          WHERE (j.pass < (SELECT r.turn_pass FROM fairq.channel r
                            WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
                            ORDER BY r.turn_pass LIMIT 1)) IS NOT FALSE;
         IF FOUND THEN
-            first_id := v_waiting[1];
+            first_id := coalesce(v_woken[1], v_waiting[1]);
             RETURN;
         END IF;
     END IF;
-    PERFORM fairq.channels_join(v_woken, v_waiting, p_queue_id, p_now, p_limit);
+    PERFORM fairq.channels_join(v_woken, v_folded, v_waiting, p_queue_id, p_now, p_limit);
 END
 $$;
 
 -- Writes, in one update per channel, what happens to channels whose rows the caller
 -- holds (all of queue p_queue_id):
---   * the queued wakes of p_woken are applied (fairq.folded_wakes);
+--   * the queued wakes of p_woken are applied: p_folded holds them as
+--     fairq.folded_wakes left them (the caller folded them, spending the wakes);
 --   * then, of p_woken and p_waiting, the first p_limit (earliest turn first) whose
 --     wait is over by p_now join the rotation, each just ahead of the first channel
 --     given its place after its wait ended (its pass less one), or else at the back
@@ -269,16 +285,14 @@ $$;
 --     first turn on. Those that join are given their places at their turn times.
 -- A woken channel that joins is so written once, not once for its wakes and once
 -- for its place.
-CREATE FUNCTION fairq.channels_join(p_woken bigint[], p_waiting bigint[], p_queue_id integer,
-                                    p_now timestamptz, p_limit integer)
+CREATE FUNCTION fairq.channels_join(p_woken bigint[], p_folded fairq.folded_turn[], p_waiting bigint[],
+                                    p_queue_id integer, p_now timestamptz, p_limit integer)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    -- (Most channels that join carry their turn in their rows, waiting since a serve,
-    -- a completion or the producer that made them: with no wakes to apply,
-    -- fairq.folded_wakes is not called. Each node of this statement's plan costs its
-    -- start-up at every call, rows or not, so it has as few as placing needs.)
+    -- (Each node of this statement's plan costs its start-up at every call, rows or
+    -- not, so it has as few as placing needs.)
     WITH placed AS (  -- pos: the rank of each channel whose wait is over
         SELECT p.*, count(*) FILTER (WHERE p.joins AND p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
           FROM (SELECT h.*, (h.pos <= p_limit) IS TRUE AS joins,
@@ -301,8 +315,7 @@ BEGIN
                                           FROM fairq.channel c
                                          WHERE c.id = ANY (p_waiting) AND NOT c.id = ANY (p_woken)
                                         UNION ALL
-                                        SELECT w.* FROM fairq.folded_wakes(p_woken) w
-                                         WHERE cardinality(p_woken) > 0) h) h
+                                        SELECT f.* FROM unnest(p_folded) AS f) h) h
                          ORDER BY pos OFFSET 0) h) p
     )
     UPDATE fairq.channel c

@@ -52,6 +52,22 @@ def test_a_channel_due_after_a_serve_waits_behind_the_served_channel(conn: Conn)
     assert problems(conn) == []
 
 
+def test_a_channel_woken_after_a_serve_waits_behind_the_served_channel(conn: Conn) -> None:
+    """The same for an idle channel a producer wakes: its wake gives it its turn, and a
+    dequeue of one serves it straight from the wake only when that turn puts it first
+    in the rotation."""
+    create(conn, "b")
+    (served,) = dequeue(conn)
+    call(conn, "message_complete", served.id, served.num_attempts)  # b idle, kept
+    create_many(conn, ["a", "a"])
+    assert channels_of(dequeue(conn)) == ["a"]  # a keeps its place, given now
+    create(conn, "b")  # b's wake is queued, later
+    assert conn.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (1,)
+    assert channels_of(dequeue(conn)) == ["a"]
+    assert channels_of(dequeue(conn)) == ["b"]
+    assert problems(conn) == []
+
+
 def test_one_batch_call_is_fair_within_the_same_instant(conn: Conn) -> None:
     channels = [f"c{i}" for i in range(7)]
     for ch in channels:

@@ -77,7 +77,14 @@ def signature(definition: str) -> str:
 
 
 def result(definition: str) -> str:
-    return re.search(r"\)\s*(RETURNS .*?)\n(?:LANGUAGE|AS)", definition, re.S).group(1)  # type: ignore[union-attr]
+    """The RETURNS clause of a CREATE FUNCTION, or else its OUT arguments."""
+    returns = re.search(r"\)\s*(RETURNS .*?)\n(?:LANGUAGE|AS)", definition, re.S)
+    if returns:
+        return returns.group(1)
+    match = FUNCTION.match(definition)
+    assert match
+    return ", ".join(a.strip() for a in re.split(r",(?![^(]*\))", match.group(2))
+                     if a.strip().upper().startswith("OUT "))
 
 
 def upgrade(old_script: str, new_script: str, old: str, new: str, by_hand: str | None) -> str:
