@@ -24,6 +24,7 @@ DECLARE
     v_folded fairq.folded_turn[];  -- the woken channels as their wakes leave them
     v_joined bigint[];         -- waiting channels that the wakes let join
     v_wanted integer;          -- places left
+    v_lone record;             -- the one channel joining, when it is one, and its place
 BEGIN
     -- A woken channel's turn is never before its wake's due and woken time, so the
     -- channels waiting since before the earliest wake's join ahead of every woken one:
@@ -72,24 +73,47 @@ BEGIN
     IF cardinality(v_woken) > 0 THEN
         v_folded := ARRAY(SELECT w FROM fairq.folded_wakes(v_woken) AS w);
     END IF;
-    IF p_serve_first AND cardinality(v_woken) + cardinality(v_waiting) = 1 THEN
-        SELECT j.pass, j.name, j.capped INTO first_pass, first_name, first_capped
-          FROM (SELECT coalesce((SELECT a.turn_pass FROM fairq.rotation_after(p_queue_id, t.turn_at) AS a) - 1,
-                                coalesce((SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b), 0) + 1)
-                       AS pass,
-                       c.name, c.max_attempts IS NOT NULL AS capped
+    IF cardinality(v_woken) + cardinality(v_waiting) = 1 THEN
+        -- One channel joins, as in the sparse steady state: its place is found here
+        -- (channels_join's rule for one channel) and, unless it is served first, written
+        -- in a plain update rather than channels_join's statement for many.
+        SELECT j.id, j.turn_at, j.name, j.capped,
+               coalesce(j.after_pass - 1, coalesce(j.back_pass, 0) + 1) AS pass,
+               -- First: ahead of a channel that is itself first (on an equal pass the
+               -- channel already there goes first), or into an empty rotation. (So the
+               -- front is looked up only when it can decide.)
+               p_serve_first
+               AND CASE WHEN j.after_pass IS NULL
+                        THEN j.back_pass IS NULL
+                        ELSE j.after_pass - 1 < (SELECT r.turn_pass FROM fairq.channel r
+                                                  WHERE r.queue_id = p_queue_id
+                                                    AND r.turn_at = fairq.in_rotation()
+                                                  ORDER BY r.turn_pass LIMIT 1) END AS first
+          INTO v_lone
+          FROM (SELECT c.id, t.turn_at, c.name, c.max_attempts IS NOT NULL AS capped,
+                       a.turn_pass AS after_pass,
+                       CASE WHEN a.turn_pass IS NULL  -- (read only when needed)
+                            THEN (SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b) END AS back_pass
                   FROM fairq.channel c
                  CROSS JOIN LATERAL (SELECT CASE WHEN cardinality(v_woken) = 0 THEN c.turn_at
                                                  ELSE (v_folded[1]).turn_at END AS turn_at) t
+                  LEFT JOIN fairq.rotation_after(p_queue_id, t.turn_at) AS a ON true
                  WHERE c.id = coalesce(v_woken[1], v_waiting[1])
                    AND t.turn_at > fairq.in_rotation() AND t.turn_at <= p_now  -- (a woken one may not be due)
-                OFFSET 0) j  -- (the pass found once, not once for each use)
-         -- (On an equal pass the channel already there goes first.)
-         WHERE (j.pass < (SELECT r.turn_pass FROM fairq.channel r
-                           WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
-                           ORDER BY r.turn_pass LIMIT 1)) IS NOT FALSE;
-        IF FOUND THEN
-            first_id := coalesce(v_woken[1], v_waiting[1]);
+                OFFSET 0) j;  -- (its place found once, not once for each use)
+        IF v_lone.first THEN
+            first_id := v_lone.id;
+            first_pass := v_lone.pass;
+            first_name := v_lone.name;
+            first_capped := v_lone.capped;
+            RETURN;
+        ELSIF FOUND THEN
+            UPDATE fairq.channel c
+               SET due_at = CASE WHEN cardinality(v_woken) = 0 THEN c.due_at ELSE (v_folded[1]).due_at END,
+                   idle_since = NULL,  -- (it has work)
+                   turn_at = fairq.in_rotation(), turn_pass = v_lone.pass, turn_given_at = v_lone.turn_at,
+                   turn_seq = nextval('fairq.turn_seq')
+             WHERE c.id = v_lone.id;
             RETURN;
         END IF;
     END IF;
@@ -191,6 +215,94 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION fairq.folded_wakes(bigint[]) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION fairq.woken_to_take(p_queue_id integer, p_now timestamptz, p_limit integer,
+                                    p_waiting bigint[], OUT taken bigint[], OUT waiting bigint[],
+                                    OUT wanted integer)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    -- Wakes read beyond p_limit, room for those other calls hold; and how many
+    -- windows a call reads before it leaves the rest to later calls.
+    v_slack CONSTANT integer := 8;
+    v_max_windows CONSTANT integer := 8;
+    v_window_size CONSTANT integer := p_limit + v_slack;
+    v_seen bigint[] := '{}';   -- channels of the windows read so far
+    v_from timestamptz := '-infinity';  -- where the next window starts
+    v_read integer;            -- wakes the window read
+    v_eligible bigint[];       -- channels the window's wakes make eligible, earliest first,
+    v_turn_ats timestamptz[];  -- with their turns
+    v_turn_seqs bigint[];
+    v_ineligible bigint[];     -- the others: at max_concurrency, or rate-limited past now
+    v_joined bigint[];         -- woken channels the window lets join
+    v_joined_waiting bigint[]; -- and waiting ones
+    v_joining integer;
+BEGIN
+    taken := '{}';
+    waiting := '{}';
+    wanted := p_limit;  -- eligible channels still to take
+    FOR v_window IN 1 .. v_max_windows LOOP
+        SELECT coalesce(array_agg(t.channel_id ORDER BY t.turn_at, t.turn_seq)
+                            FILTER (WHERE t.turn_at <= p_now), '{}'),
+               coalesce(array_agg(t.turn_at ORDER BY t.turn_at, t.turn_seq)
+                            FILTER (WHERE t.turn_at <= p_now), '{}'),
+               coalesce(array_agg(t.turn_seq ORDER BY t.turn_at, t.turn_seq)
+                            FILTER (WHERE t.turn_at <= p_now), '{}'),
+               coalesce(array_agg(t.channel_id) FILTER (WHERE t.turn_at IS NULL OR t.turn_at > p_now), '{}'),
+               coalesce(sum(t.wakes), 0), max(t.last_key)
+          INTO v_eligible, v_turn_ats, v_turn_seqs, v_ineligible, v_read, v_from
+          FROM (SELECT w.channel_id, min(k.turn_at) AS turn_at, min(w.turn_seq) AS turn_seq,
+                       count(*) AS wakes, max(w.key) AS last_key
+                  FROM (SELECT w.*, GREATEST(w.due_at, w.woken_at) AS key FROM fairq.channel_wake w
+                         WHERE w.queue_id = p_queue_id
+                           AND GREATEST(w.due_at, w.woken_at) >= v_from
+                           AND GREATEST(w.due_at, w.woken_at) <= p_now
+                           AND w.channel_id <> ALL (v_seen)
+                         ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq
+                         LIMIT v_window_size) w
+                 CROSS JOIN LATERAL (
+                       SELECT fairq.next_turn(NULL, LEAST(k.due_at, w.due_at), k.last_release_at,
+                                              k.release_interval_ms, k.in_flight,
+                                              k.max_concurrency, k.paused_until, w.woken_at) AS turn_at
+                         FROM fairq.channel k WHERE k.id = w.channel_id
+                       OFFSET 0) k  -- one lookup by id per wake
+                 GROUP BY w.channel_id) t;
+        -- Of these and the waiting channels, the first wanted that are free, then every
+        -- free ineligible one. The waiting channels count in the first window only: a
+        -- later one is read only when all of them joined.
+        WITH joining AS (
+            SELECT c.id, m.woken
+              FROM (SELECT u.id, u.turn_at, u.turn_seq, u.woken
+                      FROM (SELECT e.id, e.turn_at, e.turn_seq, true AS woken
+                              FROM unnest(v_eligible, v_turn_ats, v_turn_seqs) AS e(id, turn_at, turn_seq)
+                            UNION ALL
+                            SELECT k.id, k.turn_at, k.turn_seq, false
+                              FROM fairq.channel k
+                             WHERE v_window = 1 AND k.id = ANY (p_waiting)
+                               AND k.id <> ALL (v_eligible)) u
+                     ORDER BY u.turn_at, u.turn_seq
+                    OFFSET 0) m  -- (sorted first: the rows are then locked one by one, in order)
+              JOIN fairq.channel c ON c.id = m.id
+             ORDER BY m.turn_at, m.turn_seq
+             LIMIT wanted
+               FOR NO KEY UPDATE OF c SKIP LOCKED)
+        SELECT coalesce(array_agg(j.id) FILTER (WHERE j.woken), '{}'),
+               coalesce(array_agg(j.id) FILTER (WHERE NOT j.woken), '{}'), count(*)
+          INTO v_joined, v_joined_waiting, v_joining
+          FROM joining j;
+        waiting := waiting || v_joined_waiting;
+        taken := taken || v_joined;
+        IF cardinality(v_ineligible) > 0 THEN
+            taken := taken || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
+                                     ORDER BY c.id
+                                       FOR NO KEY UPDATE SKIP LOCKED);
+        END IF;
+        wanted := wanted - v_joining;
+        EXIT WHEN wanted <= 0 OR v_read < v_window_size;
+        v_seen := v_seen || v_eligible || v_ineligible;
+    END LOOP;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION fairq.message_dequeue(p_lock_ms bigint, p_max_messages integer DEFAULT 1,
                                       p_queue text DEFAULT 'default')

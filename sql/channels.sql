@@ -520,10 +520,12 @@ BEGIN
           INTO v_joined, v_joined_waiting, v_joining
           FROM joining j;
         waiting := waiting || v_joined_waiting;
-        taken := taken || v_joined
-                 || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
-                           ORDER BY c.id
-                             FOR NO KEY UPDATE SKIP LOCKED);
+        taken := taken || v_joined;
+        IF cardinality(v_ineligible) > 0 THEN
+            taken := taken || ARRAY(SELECT c.id FROM fairq.channel c WHERE c.id = ANY (v_ineligible)
+                                     ORDER BY c.id
+                                       FOR NO KEY UPDATE SKIP LOCKED);
+        END IF;
         wanted := wanted - v_joining;
         EXIT WHEN wanted <= 0 OR v_read < v_window_size;
         v_seen := v_seen || v_eligible || v_ineligible;

@@ -147,7 +147,7 @@ END
 $$;
 
 -- Where a channel joins the rotation of queue p_queue_id (fairq.channels_join, and
--- fairq.join_rotation's test of whether it would be first): just ahead of the first
+-- fairq.join_rotation for one channel): just ahead of the first
 -- channel given its place after its turn (rotation_after: that channel's pass), or
 -- else behind the last (rotation_back: the highest pass). Table functions of one
 -- row, inlined into the statements that read them.
@@ -181,13 +181,15 @@ CREATE TYPE fairq.folded_turn AS (id bigint, woken boolean, due_at timestamptz, 
 -- (their holders will give them their turns). The caller then holds these rows, and
 -- no channel waiting to join that it does not let join. took: it took any.
 -- The woken channels' wakes are folded here (fairq.folded_wakes) and written by the
--- join. With p_serve_first (a dequeue of one message), one channel to join, waiting
--- or woken, that would be first in the rotation (ahead of every channel there, held
--- or not, or alone) is not written: first_id and first_pass say which it is and the
--- pass it joins at (and first_name and first_capped its name and whether it has
--- max_attempts), and the dequeue serves it from there, writing its row once instead
--- of twice (a woken one's wakes are spent by then). That is what joining it and then
--- picking would do: the pick takes the first of the rotation.
+-- join. When one channel joins, as in the sparse steady state, its place is found
+-- here by the same rule and written by a plain update, not by channels_join's
+-- statement for many. With p_serve_first (a dequeue of one message), that channel,
+-- waiting or woken, when it would be first in the rotation (ahead of every channel
+-- there, held or not, or alone) is not written at all: first_id and first_pass say
+-- which it is and the pass it joins at (and first_name and first_capped its name and
+-- whether it has max_attempts), and the dequeue serves it from there, writing its
+-- row once instead of twice (a woken one's wakes are spent by then). That is what
+-- joining it and then picking would do: the pick takes the first of the rotation.
 CREATE FUNCTION fairq.join_rotation(p_queue_id integer, p_now timestamptz, p_limit integer,
                                     p_serve_first boolean DEFAULT false,
                                     OUT took boolean, OUT first_id bigint, OUT first_pass bigint,
@@ -201,6 +203,7 @@ DECLARE
     v_folded fairq.folded_turn[];  -- the woken channels as their wakes leave them
     v_joined bigint[];         -- waiting channels that the wakes let join
     v_wanted integer;          -- places left
+    v_lone record;             -- the one channel joining, when it is one, and its place
 BEGIN
     -- A woken channel's turn is never before its wake's due and woken time, so the
     -- channels waiting since before the earliest wake's join ahead of every woken one:
@@ -249,24 +252,47 @@ BEGIN
     IF cardinality(v_woken) > 0 THEN
         v_folded := ARRAY(SELECT w FROM fairq.folded_wakes(v_woken) AS w);
     END IF;
-    IF p_serve_first AND cardinality(v_woken) + cardinality(v_waiting) = 1 THEN
-        SELECT j.pass, j.name, j.capped INTO first_pass, first_name, first_capped
-          FROM (SELECT coalesce((SELECT a.turn_pass FROM fairq.rotation_after(p_queue_id, t.turn_at) AS a) - 1,
-                                coalesce((SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b), 0) + 1)
-                       AS pass,
-                       c.name, c.max_attempts IS NOT NULL AS capped
+    IF cardinality(v_woken) + cardinality(v_waiting) = 1 THEN
+        -- One channel joins, as in the sparse steady state: its place is found here
+        -- (channels_join's rule for one channel) and, unless it is served first, written
+        -- in a plain update rather than channels_join's statement for many.
+        SELECT j.id, j.turn_at, j.name, j.capped,
+               coalesce(j.after_pass - 1, coalesce(j.back_pass, 0) + 1) AS pass,
+               -- First: ahead of a channel that is itself first (on an equal pass the
+               -- channel already there goes first), or into an empty rotation. (So the
+               -- front is looked up only when it can decide.)
+               p_serve_first
+               AND CASE WHEN j.after_pass IS NULL
+                        THEN j.back_pass IS NULL
+                        ELSE j.after_pass - 1 < (SELECT r.turn_pass FROM fairq.channel r
+                                                  WHERE r.queue_id = p_queue_id
+                                                    AND r.turn_at = fairq.in_rotation()
+                                                  ORDER BY r.turn_pass LIMIT 1) END AS first
+          INTO v_lone
+          FROM (SELECT c.id, t.turn_at, c.name, c.max_attempts IS NOT NULL AS capped,
+                       a.turn_pass AS after_pass,
+                       CASE WHEN a.turn_pass IS NULL  -- (read only when needed)
+                            THEN (SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b) END AS back_pass
                   FROM fairq.channel c
                  CROSS JOIN LATERAL (SELECT CASE WHEN cardinality(v_woken) = 0 THEN c.turn_at
                                                  ELSE (v_folded[1]).turn_at END AS turn_at) t
+                  LEFT JOIN fairq.rotation_after(p_queue_id, t.turn_at) AS a ON true
                  WHERE c.id = coalesce(v_woken[1], v_waiting[1])
                    AND t.turn_at > fairq.in_rotation() AND t.turn_at <= p_now  -- (a woken one may not be due)
-                OFFSET 0) j  -- (the pass found once, not once for each use)
-         -- (On an equal pass the channel already there goes first.)
-         WHERE (j.pass < (SELECT r.turn_pass FROM fairq.channel r
-                           WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
-                           ORDER BY r.turn_pass LIMIT 1)) IS NOT FALSE;
-        IF FOUND THEN
-            first_id := coalesce(v_woken[1], v_waiting[1]);
+                OFFSET 0) j;  -- (its place found once, not once for each use)
+        IF v_lone.first THEN
+            first_id := v_lone.id;
+            first_pass := v_lone.pass;
+            first_name := v_lone.name;
+            first_capped := v_lone.capped;
+            RETURN;
+        ELSIF FOUND THEN
+            UPDATE fairq.channel c
+               SET due_at = CASE WHEN cardinality(v_woken) = 0 THEN c.due_at ELSE (v_folded[1]).due_at END,
+                   idle_since = NULL,  -- (it has work)
+                   turn_at = fairq.in_rotation(), turn_pass = v_lone.pass, turn_given_at = v_lone.turn_at,
+                   turn_seq = nextval('fairq.turn_seq')
+             WHERE c.id = v_lone.id;
             RETURN;
         END IF;
     END IF;

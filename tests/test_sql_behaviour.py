@@ -68,6 +68,37 @@ def test_a_channel_woken_after_a_serve_waits_behind_the_served_channel(conn: Con
     assert problems(conn) == []
 
 
+def test_a_channel_joined_behind_the_rotation_keeps_its_place_for_later_ones(conn: Conn) -> None:
+    """A channel that joins behind a rotation channel is given its place as of its own
+    turn: one that becomes due after it, even within the same second, goes behind it."""
+    create_many(conn, ["a"] * 3)
+    assert channels_of(dequeue(conn)) == ["a"]
+    create(conn, "b")  # b joins behind a, which was given its place first
+    assert channels_of(dequeue(conn)) == ["a"]
+    create(conn, "c")  # c is due after b joined: behind b (and a, given its place before c)
+    assert channels_of(dequeue(conn)) == ["b"]
+    assert channels_of(dequeue(conn)) == ["a"]
+    assert channels_of(dequeue(conn)) == ["c"]
+    assert problems(conn) == []
+
+
+def test_a_channel_that_joins_level_with_the_front_goes_behind_it(conn: Conn) -> None:
+    """A channel that joins at the same pass as the front of the rotation goes behind
+    it (the channel already there goes first), so a dequeue of one serves the front,
+    not the channel that just joined."""
+    create_many(conn, ["f"] * 5)
+    assert channels_of(dequeue(conn)) == ["f"]
+    create_many(conn, ["r"] * 5)
+    assert channels_of(dequeue(conn)) == ["f"]  # r joins behind f
+    create(conn, "j")
+    create(conn, "k")
+    assert channels_of(dequeue(conn)) == ["r"]  # j joins at the back; r is served after k's turn
+    # k joins just ahead of r, where f stands too: level with f, behind it.
+    assert channels_of(dequeue(conn)) == ["f"]
+    assert channels_of(dequeue(conn)) == ["k"]
+    assert problems(conn) == []
+
+
 def test_one_batch_call_is_fair_within_the_same_instant(conn: Conn) -> None:
     channels = [f"c{i}" for i in range(7)]
     for ch in channels:
