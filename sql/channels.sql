@@ -45,36 +45,50 @@ $$;
 -- (plpgsql, not SQL, below: a SQL function that cannot be inlined would be planned
 -- again at every call; plpgsql keeps its plans for the session.)
 
--- When a locked channel's earliest pending message is due, for a caller about to
--- write it back. Making the channel less eligible (nothing due now, or nothing at
--- all) first takes the settle lock and then looks again, in a new snapshot: a
--- producer holding it (one that relies on the channel staying due) means "keep it
--- due now", and one that committed just before the lock is seen by the second look.
--- In the same snapshot the channel's queued wakes are dropped, as spent (the caller
--- holds the row, as fairq.join_rotation would): a producer that found the settle
--- lock taken queued its wake anyway, and if it commits after that snapshot its wake
--- is not seen, so it stays queued with its message. p_not_due: the caller has just
--- looked and found nothing due now (the dequeue's serve), so the first look is its.
-CREATE FUNCTION fairq.settled_due_at(p_channel_id bigint, p_queue_id integer, p_name text,
-                                     p_now timestamptz, p_not_due boolean DEFAULT false)
-RETURNS timestamptz
+-- When each of the locked channels p_channel_ids (named p_names, all of queue
+-- p_queue_id) has its earliest pending message due, for a caller about to write them
+-- back; p_due_ats: what the caller has just read (fairq.pending_due_at), in its
+-- snapshot, after locking them. A channel due by p_now keeps that. Making a channel
+-- less eligible (nothing due now, or nothing at all) first takes its settle lock (in
+-- the channels' order) and then looks again, in a new snapshot: a producer holding
+-- it (one that relies on the channel staying due) means "keep it due now", and one
+-- that committed just before the lock is seen by the second look. In the same
+-- snapshot those channels' queued wakes are dropped, as spent (the caller holds the
+-- rows, as fairq.join_rotation would): a producer that found the settle lock taken
+-- queued its wake anyway, and if it commits after that snapshot its wake is not
+-- seen, so it stays queued with its message. One statement for all the channels
+-- settled, none when none is: a dequeue of many sparse tenants settles most of the
+-- channels it serves, and a statement each cost more than the rest of their writes.
+CREATE FUNCTION fairq.settled_due_ats(p_channel_ids bigint[], p_names text[], p_due_ats timestamptz[],
+                                      p_queue_id integer, p_now timestamptz)
+RETURNS timestamptz[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_due_at timestamptz;
+    v_due_ats timestamptz[] := p_due_ats;
+    v_settling bigint[] := '{}';  -- the channels whose settle locks this call took,
+    v_settling_at integer[] := '{}';  -- at these positions
+    v_settled timestamptz[];
 BEGIN
-    IF NOT p_not_due THEN
-        v_due_at := (SELECT p.due_at FROM fairq.pending_due_at(p_channel_id) AS p);
-        IF v_due_at <= p_now THEN
-            RETURN v_due_at;
+    FOR i IN 1 .. cardinality(p_channel_ids) LOOP
+        CONTINUE WHEN p_due_ats[i] <= p_now;
+        IF fairq.settle_lock_try(p_queue_id, p_names[i]) THEN
+            v_settling := v_settling || p_channel_ids[i];
+            v_settling_at := v_settling_at || i;
+        ELSE
+            v_due_ats[i] := p_now;
         END IF;
+    END LOOP;
+    IF cardinality(v_settling) > 0 THEN
+        WITH spent AS (DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_settling))
+        SELECT ARRAY(SELECT (SELECT p.due_at FROM fairq.pending_due_at(s.id) AS p)
+                       FROM unnest(v_settling) AS s(id))  -- (in order: a scan of one array)
+          INTO v_settled;
+        FOR i IN 1 .. cardinality(v_settling) LOOP
+            v_due_ats[v_settling_at[i]] := v_settled[i];
+        END LOOP;
     END IF;
-    IF NOT fairq.settle_lock_try(p_queue_id, p_name) THEN
-        RETURN p_now;
-    END IF;
-    WITH spent AS (DELETE FROM fairq.channel_wake w WHERE w.channel_id = p_channel_id)
-    SELECT p.due_at INTO v_due_at FROM fairq.pending_due_at(p_channel_id) AS p;
-    RETURN v_due_at;
+    RETURN v_due_ats;
 END
 $$;
 
@@ -130,16 +144,17 @@ $$;
 -- order; and for a channel made here its creation lock) or, for a transaction gone
 -- bulk, its queue's bulk producer lock: either keeps them from being collected
 -- until this transaction ends. made: this call inserted the row, so until this
--- transaction commits nobody else sees it. A row is made idle, with no turn, and
--- fairq.channels_wake writes its wake into it once the caller knows its messages'
--- due times; with p_made_due_at (message_create, dead_letter_retry: one message on
--- each name, due then, which nothing can refuse on a channel just made) it is made
--- due at once, with the turn that wake would give: one write instead of two.
--- p_in_bulk: what fairq.producing_in_bulk answered the caller for these names (which
--- then holds their producer locks unless it said yes); NULL: ask it here.
+-- transaction commits nobody else sees it. p_made_due_ats, by position in p_names:
+-- when the caller's messages on that name fall due (each name's earliest counts;
+-- NULL for a message that will not be created). A row is made due at its earliest,
+-- with the turn its wake would give as of p_now (fairq.channels_wake queues no wake
+-- for it): nothing can refuse a message on a channel just made (no policy, nothing
+-- in it, nobody else sees it), so every first message on a made row is created, and
+-- the row is written once. p_in_bulk: what fairq.producing_in_bulk answered the
+-- caller for these names (which then holds their producer locks unless it said
+-- yes); NULL: ask it here.
 CREATE FUNCTION fairq.channels_for_producer(p_queue_id integer, p_names text[],
-                                            p_made_due_at timestamptz DEFAULT NULL,
-                                            p_now timestamptz DEFAULT NULL,
+                                            p_made_due_ats timestamptz[], p_now timestamptz,
                                             p_in_bulk boolean DEFAULT NULL)
 RETURNS TABLE(channel fairq.channel, made boolean)
 LANGUAGE plpgsql
@@ -184,15 +199,16 @@ BEGIN
     IF v_missing IS DISTINCT FROM 0 THEN
         WITH inserted AS (
             INSERT INTO fairq.channel (queue_id, name, idle_since, due_at, turn_at, turn_seq)
-            SELECT p_queue_id, n.name, CASE WHEN p_made_due_at IS NULL THEN fairq.clock() END,
-                   p_made_due_at,
+            SELECT p_queue_id, n.name, CASE WHEN n.due_at IS NULL THEN fairq.clock() END, n.due_at,
                    -- (A new row: no release yet, no interval, nothing in flight, no
                    -- cap, no pause.)
-                   fairq.next_turn(NULL, p_made_due_at, NULL, 0, 0, NULL, NULL, p_now),
-                   CASE WHEN p_made_due_at IS NOT NULL THEN nextval('fairq.turn_seq') END
-              FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name)
+                   fairq.next_turn(NULL, n.due_at, NULL, 0, 0, NULL, NULL, p_now),
+                   CASE WHEN n.due_at IS NOT NULL THEN nextval('fairq.turn_seq') END  -- (in name order, as the ids)
+              FROM (SELECT u.name, min(u.due_at) AS due_at
+                      FROM unnest(p_names, p_made_due_ats) AS u(name, due_at)
                      WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c
                                         WHERE c.queue_id = p_queue_id AND c.name = u.name OFFSET 0)
+                     GROUP BY u.name
                      ORDER BY u.name OFFSET 0) n
             ON CONFLICT (queue_id, name) DO NOTHING
             RETURNING fairq.channel.id
@@ -294,13 +310,11 @@ $$;
 -- (fairq.woken_here): a second wake is harmless, and the producer never waits.
 -- A producer never locks a channel row: one that did, for a wake, kept it until
 -- commit, so an open producer transaction hid the channel's other messages from
--- workers and made its completions wait. The exception is a row the producer made
--- (p_made, among p_channel_ids: fairq.channels_for_producer, which makes
--- message_create's and dead_letter_retry's rows due itself): nobody else sees it
--- before this transaction commits, so nobody can wait for it or make it less
--- eligible meanwhile, and its wake is written into it as fairq.folded_wakes would
--- apply it (the keep-turn rule). The next dequeues find it waiting to join, with no
--- wake to apply and none to delete. Returns the channels woken.
+-- workers and made its completions wait. A row the producer made (p_made, among
+-- p_channel_ids) was made due by fairq.channels_for_producer, with the turn its wake
+-- would give, and gets no wake: the next dequeues find it waiting to join, with no
+-- wake to apply and none to delete (so a call's made channels take their turns
+-- before the wakes it queues). Returns the channels woken, the made ones included.
 CREATE FUNCTION fairq.channels_wake(p_queue_id integer, p_channel_ids bigint[], p_due_ats timestamptz[],
                                     p_now timestamptz, p_made bigint[] DEFAULT '{}') RETURNS bigint[]
 LANGUAGE plpgsql
@@ -332,28 +346,6 @@ BEGIN
                     OFFSET 0) n
             RETURNING channel_id)
         SELECT coalesce(array_agg(q.channel_id), '{}') INTO v_woken FROM queued q;
-    END IF;
-    -- The made channels take their turn_seqs after the queued wakes, in id order: so
-    -- all of one call's go in id order, a channel made here being newer than any
-    -- that was there.
-    IF cardinality(p_made) > 0 THEN
-        UPDATE fairq.channel c
-           SET due_at = n.due_at,
-               idle_since = fairq.idle_since(n.due_at, c.idle_since, p_now),
-               turn_at = n.turn_at,
-               turn_pass = fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass),
-               turn_given_at = fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at),
-               turn_seq = fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, n.turn_seq)
-          FROM (SELECT k.id, d.due_at, nextval('fairq.turn_seq') AS turn_seq,
-                       fairq.next_turn(k.turn_at, d.due_at, k.last_release_at, k.release_interval_ms,
-                                       k.in_flight, k.max_concurrency, k.paused_until, p_now) AS turn_at
-                  FROM unnest(p_channel_ids, p_due_ats) AS e(id, due_at)
-                 CROSS JOIN LATERAL (SELECT k.* FROM fairq.channel k WHERE k.id = e.id OFFSET 0) k
-                 CROSS JOIN LATERAL (SELECT LEAST(k.due_at, e.due_at) AS due_at) d
-                 WHERE e.id = ANY (p_made)
-                 ORDER BY k.id
-                OFFSET 0) n
-         WHERE c.id = ANY (p_made) AND c.id = n.id;
     END IF;
     RETURN v_woken || p_made;
 END
@@ -556,7 +548,9 @@ AS $$
 DECLARE
     v_channel fairq.channel := fairq.channel_lock(p_channel_id);
 BEGIN
-    v_channel.due_at := fairq.settled_due_at(v_channel.id, v_channel.queue_id, v_channel.name, p_now);
+    v_channel.due_at := (fairq.settled_due_ats(ARRAY[v_channel.id], ARRAY[v_channel.name],
+                                               ARRAY(SELECT p.due_at FROM fairq.pending_due_at(v_channel.id) AS p),
+                                               v_channel.queue_id, p_now))[1];
     PERFORM fairq.channel_store(v_channel, p_now, false, p_turn_seq);
 END
 $$;

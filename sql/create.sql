@@ -5,9 +5,8 @@
 --     row others can see: when its message must bring the channel's turn forward
 --     (the channel had nothing due before it) it queues a wake that the next dequeue
 --     applies (fairq.channels_wake), unless it made the row itself, which nobody
---     sees before it commits: then the wake is written into the row (by
---     fairq.channels_wake, or as the row is inserted when its one message's due
---     time is known: fairq.channels_for_producer). Producers never wait for a
+--     sees before it commits: then the row is inserted due, with the turn the wake
+--     would give (fairq.channels_for_producer). Producers never wait for a
 --     channel row, and producers and workers never wait for one another;
 --   * a call never makes a channel less eligible while a producer that relies on it
 --     staying due holds its settle lock, and a producer that finds that lock taken
@@ -60,6 +59,7 @@ DECLARE
     v_channel fairq.channel;
     v_channel_of bigint[];   -- per element: its channel's id
     v_first_of integer[];    -- per element: the first element with its channel and dedup key
+    v_first_due_ats timestamptz[];  -- per element: its due time if it is that first, else NULL
     v_ids bigint[];          -- per element: the result
     v_statuses text[];
     v_candidates integer[];
@@ -98,6 +98,16 @@ BEGIN
     END IF;
 
     v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
+    -- Per element: the first element with its channel and dedup key, and when it falls
+    -- due if it is that first (a channel made below is made due by its earliest).
+    SELECT array_agg(e.first_of ORDER BY e.i),
+           array_agg(CASE WHEN e.first_of = e.i THEN coalesce(e.dequeue_at, v_now) END ORDER BY e.i)
+      INTO v_first_of, v_first_due_ats
+      FROM (SELECT u.i, u.dequeue_at,
+                   CASE WHEN u.dedup_key IS NULL THEN u.i
+                        ELSE min(u.i) OVER (PARTITION BY u.channel, u.dedup_key) END::integer AS first_of
+              FROM unnest(p_channels, p_dedup_keys, p_dequeue_ats)
+                   WITH ORDINALITY AS u(channel, dedup_key, dequeue_at, i)) e;
     -- Take every channel's producer lock (creating the channel on first use), or past
     -- fairq.bulk_channels() in this transaction the queue's bulk producer
     -- lock; they conflict only with channel_set/channel_clear and the pause calls,
@@ -108,14 +118,11 @@ BEGIN
            coalesce(array_agg(f.channel ORDER BY (f.channel).id) FILTER (WHERE (f.channel).max_size IS NOT NULL), '{}'),
            coalesce(array_agg((f.channel).id) FILTER (WHERE f.made), '{}')
       INTO v_names, v_channel_ids, v_bounded, v_made
-      FROM fairq.channels_for_producer(v_queue_id, p_channels) AS f;
-    SELECT array_agg(e.channel_id ORDER BY e.i), array_agg(e.first_of ORDER BY e.i)
-      INTO v_channel_of, v_first_of
-      FROM (SELECT u.i, c.id AS channel_id,
-                   CASE WHEN u.dedup_key IS NULL THEN u.i
-                        ELSE min(u.i) OVER (PARTITION BY c.id, u.dedup_key) END::integer AS first_of
-              FROM unnest(p_channels, p_dedup_keys) WITH ORDINALITY AS u(channel, dedup_key, i)
-              JOIN unnest(v_names, v_channel_ids) AS c(name, id) ON c.name = u.channel) e;
+      FROM fairq.channels_for_producer(v_queue_id, p_channels, v_first_due_ats, v_now) AS f;
+    v_channel_of := ARRAY(SELECT c.id
+                            FROM unnest(p_channels) WITH ORDINALITY AS u(channel, i)
+                            JOIN unnest(v_names, v_channel_ids) AS c(name, id) ON c.name = u.channel
+                           ORDER BY u.i);
     v_ids := array_fill(NULL::bigint, ARRAY[v_count]);
     v_statuses := array_fill(NULL::text, ARRAY[v_count]);
 
@@ -287,7 +294,7 @@ BEGIN
     SELECT * INTO v_channel FROM fairq.channel c WHERE c.queue_id = v_queue_id AND c.name = p_channel;
     IF v_channel.id IS NULL THEN
         SELECT * INTO v_for_producer
-          FROM fairq.channels_for_producer(v_queue_id, ARRAY[p_channel], v_due_at, v_now, v_in_bulk);
+          FROM fairq.channels_for_producer(v_queue_id, ARRAY[p_channel], ARRAY[v_due_at], v_now, v_in_bulk);
         v_channel := v_for_producer.channel;
         v_made := v_for_producer.made;
     END IF;

@@ -425,15 +425,16 @@ BEGIN
              ORDER BY s.pos;
 
         -- Step 4. Every served channel is written once (turns.sql: fairq.served_turn_at),
-        -- with the due time of its next pending message; one with nothing more due now
-        -- is looked at again under its settle lock before it goes idle or waits
-        -- (fairq.settled_due_at, which reads in a snapshot of its own).
+        -- with the due time of its next pending message; those with nothing more due now
+        -- are looked at again under their settle locks before they go idle or wait
+        -- (fairq.settled_due_ats, which reads in a snapshot of its own).
         UPDATE fairq.channel c
                SET in_flight = c.in_flight + fairq.slots(c.max_concurrency, 1),
                    last_release_at = v_now,
                    due_at = n.due_at,
-                   -- (It had work: idle from now on, if at all. A woken channel
-                   -- served first still reads as idle before.)
+                   -- (It had work until now, so it is idle from now on, if at all:
+                   -- not since the idle_since in its row, which a woken channel served
+                   -- first still carries from before its wake.)
                    idle_since = fairq.idle_since(n.due_at, NULL, v_now),
                    turn_at = n.turn_at,
                    turn_pass = fairq.served_turn_pass(n.turn_at, CASE WHEN c.id = v_first_id THEN v_first_pass
@@ -442,11 +443,20 @@ BEGIN
                    turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL, n.turn_seq)
               FROM (SELECT x.row_ctid, x.due_at, x.turn_seq,
                            fairq.served_turn_at(x.turn_at, x.next_turn, v_now) AS turn_at
-                      FROM (SELECT k.ctid AS row_ctid, d.due_at, k.turn_at, s.turn_seq,
-                                   fairq.next_turn(NULL, d.due_at, v_now, k.release_interval_ms,
+                      FROM (SELECT k.ctid AS row_ctid, s.due_at, k.turn_at, s.turn_seq,
+                                   fairq.next_turn(NULL, s.due_at, v_now, k.release_interval_ms,
                                                    k.in_flight + 1, k.max_concurrency,
                                                    k.paused_until, v_now) AS next_turn
-                              FROM unnest(v_served, v_served_names, v_served_seqs) AS s(channel_id, name, turn_seq)
+                              FROM unnest(v_served, v_served_seqs,
+                                          -- (Read for all, settled together: once, before
+                                          -- any row is written. A scan of one array keeps
+                                          -- its order, with no sort.)
+                                          fairq.settled_due_ats(
+                                              v_served, v_served_names,
+                                              ARRAY(SELECT (SELECT p.due_at FROM fairq.pending_due_at(u.id) AS p)
+                                                      FROM unnest(v_served) AS u(id)),
+                                              v_queue_id, v_now))
+                                   AS s(channel_id, turn_seq, due_at)
                              CROSS JOIN LATERAL (SELECT k.ctid,
                                                         CASE WHEN k.id = v_first_id THEN fairq.in_rotation()
                                                              ELSE k.turn_at END AS turn_at,
@@ -454,13 +464,6 @@ BEGIN
                                                         k.paused_until
                                                    FROM fairq.channel k
                                                   WHERE k.id = s.channel_id OFFSET 0) k
-                             CROSS JOIN LATERAL (
-                                   SELECT CASE WHEN p.due_at <= v_now THEN p.due_at
-                                               ELSE fairq.settled_due_at(s.channel_id, v_queue_id,
-                                                                         s.name, v_now, true) END AS due_at
-                                     FROM (SELECT p.due_at FROM fairq.pending_due_at(s.channel_id) AS p
-                                           OFFSET 0) p
-                                   OFFSET 0) d
                             OFFSET 0) x
                     OFFSET 0) n
                -- (Every OFFSET 0 keeps its subquery apart: the channels are looked up one

@@ -248,7 +248,7 @@ $$;
 
 -- True when no producer that relies on the channel staying due holds its settle lock;
 -- on true, until commit, holds it exclusively or, in a transaction bulk for settle
--- locks, holds the queue's bulk settle lock (fairq.settled_due_at). In bulk, the
+-- locks, holds the queue's bulk settle lock (fairq.settled_due_ats). In bulk, the
 -- queue's lock is taken before the channel's is tested (fairq.bulk_settle_lock_class);
 -- failing to take it means a producer is testing it this instant.
 CREATE FUNCTION fairq.settle_lock_try(p_queue_id integer, p_channel text) RETURNS boolean

@@ -333,7 +333,9 @@ BEGIN
     -- Only then is the row locked.
     IF NOT EXISTS (SELECT 1 FROM fairq.pending_due_at(v_channel.id) AS p WHERE p.due_at IS NOT NULL) THEN
         v_channel := fairq.channel_lock(v_channel.id);
-        v_channel.due_at := fairq.settled_due_at(v_channel.id, v_channel.queue_id, v_channel.name, v_now);
+        v_channel.due_at := (fairq.settled_due_ats(ARRAY[v_channel.id], ARRAY[v_channel.name],
+                                                   ARRAY(SELECT p.due_at FROM fairq.pending_due_at(v_channel.id) AS p),
+                                                   v_channel.queue_id, v_now))[1];
         PERFORM fairq.channel_store(v_channel, v_now, false);
     END IF;
     RETURN 'cancelled';
@@ -359,7 +361,7 @@ BEGIN
     -- An operator's retry is not subject to max_size, and carries no dedup key.
     SELECT * INTO v_for_producer
       FROM fairq.channels_for_producer(fairq.queue_for_producer(v_dead.queue, 'queue'), ARRAY[v_dead.channel],
-                                       v_now, v_now);
+                                       ARRAY[v_now], v_now);
     v_channel := v_for_producer.channel;
     IF NOT v_for_producer.made THEN  -- (a row made here is made due)
         PERFORM fairq.channels_wake(v_channel.queue_id, ARRAY[v_channel.id], ARRAY[v_now], v_now);

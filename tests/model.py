@@ -357,11 +357,14 @@ class Model:
 
         Channels are created in name order; each element, in input order, behaves like
         message_create: duplicate, dropped or created (ids in input order). Then each
-        channel that got a message is woken (in id order) by its earliest created
-        message, where that brings its turn forward. (The SQL queues the wake and the
-        next dequeue applies it as of now: the model applies it at once.)"""
-        taken = {channel: self.channel_for_producer(channel, queue)
-                 for channel in sorted({item[0] for item in items})}
+        channel that got a message is woken by its earliest created message, where
+        that brings its turn forward: first the channels made here (in id order: the
+        SQL makes them due as it inserts them), then the others (in id order). (The SQL
+        queues the others' wakes and the next dequeue applies them as of now: the model
+        applies them at once.)"""
+        names = sorted({item[0] for item in items})
+        made = {name for name in names if self.by_name(name, queue) is None}
+        taken = {channel: self.channel_for_producer(channel, queue) for channel in names}
         out: list[tuple[int, int | None, str]] = []
         for i, (channel, content, due, priority, dedup) in enumerate(items, 1):
             ch = taken[channel]
@@ -387,7 +390,9 @@ class Model:
                 assert mid is not None
                 m = self.messages[mid]
                 earliest[m.channel_id] = min(earliest.get(m.channel_id, m.dequeue_at), m.dequeue_at)
-        for cid in sorted(earliest):  # wakes take their turn_seq in channel id order
+        made_ids = {taken[name].id for name in made}
+        # Wakes take their turn_seq in this order.
+        for cid in sorted(earliest, key=lambda cid: (cid not in made_ids, cid)):
             ch = self.channels[cid]
             if ch.due_at is None or (earliest[cid] < ch.due_at and ch.due_at > now):
                 self.channel_wake(ch, earliest[cid], now)

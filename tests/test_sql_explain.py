@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -453,6 +454,31 @@ def test_a_join_with_no_wake_queued_starts_up_no_wake_folding(conn: Conn) -> Non
     joins = [p for p in plans if "back_rank" in p]
     assert len(joins) == 1, plans
     assert "channel_wake" not in joins[0], joins[0]
+
+
+def test_a_batch_that_makes_its_channels_writes_each_row_once(conn: Conn) -> None:
+    """message_create_batch, like message_create, inserts each channel it makes due,
+    with its turn, by the earliest of the messages it will hold: a repeated dedup key
+    counts by its first element, the one created (0.7.23 inserted the rows idle and
+    wrote each again)."""
+    create(conn, "old")  # a channel there before: woken, not made
+    row = conn.execute("SELECT fairq.clock()").fetchone()
+    assert row is not None
+    base = row[0]
+    conn.execute("SET stats_fetch_consistency = none")
+    before = channel_updates(conn)
+    statuses = conn.execute(
+        "SELECT status FROM fairq.message_create_batch("
+        " ARRAY['a', 'b', 'a', 'c', 'c', 'old'], ARRAY['1', '2', '3', '4', '5', '6']::bytea[],"
+        " ARRAY[NULL, %(base)s + interval '1 hour', NULL, %(base)s + interval '2 hours', %(base)s, NULL],"
+        " NULL, ARRAY[NULL, NULL, NULL, 'k', 'k', NULL]) ORDER BY ord", {"base": base}).fetchall()
+    assert [s for (s,) in statuses] == ["created"] * 4 + ["duplicate", "created"]
+    assert channel_updates(conn) - before == 0
+    due = dict(conn.execute(
+        "SELECT name, due_at - %s FROM fairq.channel"
+        " WHERE name IN ('b', 'c') AND turn_at = due_at AND idle_since IS NULL", (base,)).fetchall())
+    assert due == {"b": timedelta(hours=1), "c": timedelta(hours=2)}
+    assert [d.channel for d in dequeue(conn, n=10)] == ["old", "a", "old", "a"]
 
 
 def test_a_message_that_makes_its_channel_writes_the_row_once(conn: Conn) -> None:
