@@ -5,6 +5,28 @@
 -- made channels are made due as they are inserted), so it is created anew.
 DROP FUNCTION fairq.channels_for_producer(integer, text[], timestamptz, timestamptz, boolean);
 
+CREATE OR REPLACE FUNCTION fairq.clock() RETURNS timestamptz
+LANGUAGE sql VOLATILE
+AS $$ SELECT pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) '0 milliseconds'::pg_catalog.interval $$;
+
+CREATE OR REPLACE FUNCTION fairq.clock_travel(p_shift_ms bigint) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_shift_ms IS NULL THEN
+        RAISE EXCEPTION 'p_shift_ms must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    -- (The shift in milliseconds, as text the interval type reads the same way
+    -- whatever the session's IntervalStyle.)
+    EXECUTE format('CREATE OR REPLACE FUNCTION fairq.clock() RETURNS timestamptz LANGUAGE sql VOLATILE AS %L',
+                   format(' SELECT pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) %L::pg_catalog.interval ',
+                          p_shift_ms || ' milliseconds'));
+    UPDATE fairq.clock_offset SET shift = fairq.ms(p_shift_ms);
+    RETURN fairq.clock();
+END
+$$;
+
 CREATE OR REPLACE FUNCTION fairq.settled_due_ats(p_channel_ids bigint[], p_names text[], p_due_ats timestamptz[],
                                       p_queue_id integer, p_now timestamptz)
 RETURNS timestamptz[]
@@ -835,4 +857,12 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION fairq.clock() IS
+    'The queue''s clock: the server''s clock_timestamp() at the moment of the call (plus the shift fairq.clock_travel wrote, normally zero).';
+
 DROP FUNCTION fairq.settled_due_at(bigint, integer, text, timestamptz, boolean);
+
+-- fairq.clock() now carries the test shift in its own body: a database upgraded
+-- while its clock was shifted (in a test) keeps that shift.
+SELECT fairq.clock_travel((extract(epoch FROM shift) * 1000)::bigint)
+  FROM fairq.clock_offset WHERE shift <> interval '0';

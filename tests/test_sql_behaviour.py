@@ -578,6 +578,36 @@ def test_clock_is_the_servers_real_time_per_call(conn: Conn) -> None:
     assert (clock - txn_start).total_seconds() >= 0.05
 
 
+def test_clock_travel_moves_every_sessions_clock_and_returns_exactly(dsn: str, conn: Conn) -> None:
+    """The shift lives in fairq.clock()'s own body (so that reading the clock costs no
+    statement): another session, whose cached plans inlined the old clock, reads the
+    new one from its next transaction on, in its calls and in the views; travelling
+    back to 0 leaves the clock exactly as installed."""
+    installed = conn.execute("SELECT prosrc FROM pg_proc WHERE oid = 'fairq.clock()'::regprocedure"
+                             ).fetchone()
+
+    def created_at_and_handed_out(other: Conn, channel: str) -> datetime:
+        create(other, channel)
+        got = dequeue(other)
+        assert len(got) == 1
+        call(other, "message_complete", got[0].id, got[0].num_attempts)
+        return got[0].dequeue_at
+
+    with psycopg.connect(dsn, autocommit=True) as other:
+        before = created_at_and_handed_out(other, "a")  # its plans now hold the clock as it was
+        travel(conn, 3_600_000)
+        assert timedelta(minutes=59) < created_at_and_handed_out(other, "a") - before < timedelta(minutes=61)
+        create(other, "b")
+        row = other.execute("SELECT next_dequeue_at - clock_timestamp() FROM fairq.channels"
+                            " WHERE channel = 'b'").fetchone()
+        assert row is not None and row[0] > timedelta(minutes=59)
+        assert len(dequeue(other)) == 1
+        travel(conn, 0)
+        assert created_at_and_handed_out(other, "c") - before < timedelta(minutes=1)
+    assert conn.execute("SELECT prosrc FROM pg_proc WHERE oid = 'fairq.clock()'::regprocedure"
+                        ).fetchone() == installed
+
+
 # -- 7. Events -----------------------------------------------------------------------------------
 
 
