@@ -278,6 +278,25 @@ def test_scheduled_channel_wakes_when_a_message_is_due(conn: Conn) -> None:
     assert row is not None and row["scheduled"] == 1 and row["next_dequeue_at"] > now
 
 
+
+def test_a_channel_served_as_it_joins_spends_the_wakes_queued_while_it_waited(conn: Conn) -> None:
+    """A producer in bulk queues a wake for every channel it writes to, even one whose
+    wait is already over (nobody has dequeued since). A dequeue that lets such a
+    channel join and serves it at once applies that wake first: it is spent, not
+    left queued to act after the serve."""
+    now = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
+    create(conn, "w", b"in-a-minute", dequeue_at=now + timedelta(minutes=1))
+    travel(conn, 90_000)  # due: the channel waits to join
+    with conn.transaction():
+        create_many(conn, [f"bulk-{i}" for i in range(300)])  # past fairq.bulk_channels()
+        create(conn, "w", b"second")
+    assert conn.execute("SELECT count(*) FROM fairq.channel_wake w JOIN fairq.channel c"
+                        " ON c.id = w.channel_id WHERE c.name = 'w'").fetchone() == (1,)
+    assert [d.content for d in dequeue(conn)] == [b"in-a-minute"]
+    assert conn.execute("SELECT count(*) FROM fairq.channel_wake w JOIN fairq.channel c"
+                        " ON c.id = w.channel_id WHERE c.name = 'w'").fetchone() == (0,)
+    assert problems(conn) == []
+
 # -- 5. Durability, fencing, dead letters ----------------------------------------------------
 
 
