@@ -236,7 +236,6 @@ DECLARE
     v_paused_until timestamptz;
     v_expired boolean;  -- the queue's earliest lock has expired
     v_joiners boolean;  -- fairq.join_rotation has channels to let join
-    v_collection_due boolean;  -- nobody has collected idle channels for a second
     v_join record;  -- what fairq.join_rotation did
     v_first_id bigint;  -- a channel to serve first, not yet written into the rotation
     v_first_pass bigint;  -- the pass it joins at
@@ -259,17 +258,13 @@ DECLARE
     v_clock_fresh boolean := false;  -- v_now was read after the last pick that found something
     v_attempts_capped boolean;
     v_uneven boolean;  -- the round may end before the last channel picked
-    v_wakes_queued boolean;  -- a picked channel has queued wakes
-    v_scheduled_due boolean;  -- a picked channel has a scheduled message due (NULL: ask again)
 BEGIN
     PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
-    -- The queue, and three questions, in one statement (each statement costs):
+    -- The queue, and two questions about it, in one statement (each statement costs):
     --   * has its earliest lock expired (one probe of message_locked_ix)?
     --   * would fairq.join_rotation find anything: a channel whose wait is over, or a
     --     queued wake? On a busy queue every due channel is already in the rotation,
     --     and two probes cost less than the call.
-    --   * is the collector's turn due (read without its lock, taken at the end only
-    --     when it is)?
     SELECT q.id, q.paused_until,
            (SELECT m.id FROM fairq.message m
              WHERE m.queue_id = q.id AND m.locked_until <= v_now
@@ -277,9 +272,8 @@ BEGIN
            EXISTS (SELECT 1 FROM fairq.channel c
                     WHERE c.queue_id = q.id
                       AND c.turn_at > fairq.in_rotation() AND c.turn_at <= v_now)
-           OR EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = q.id),
-           (SELECT k.collected_at FROM fairq.channel_collection k) <= v_now - interval '1 s'
-      INTO v_queue_id, v_paused_until, v_expired, v_joiners, v_collection_due
+           OR EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = q.id)
+      INTO v_queue_id, v_paused_until, v_expired, v_joiners
       FROM fairq.queue q WHERE q.name = p_queue;
     IF NOT FOUND THEN
         PERFORM fairq.require_channel_name(p_queue, 'p_queue');
@@ -309,8 +303,6 @@ BEGIN
             v_uneven := false;
             v_turn_seqs := ARRAY[nextval('fairq.turn_seq')];
             v_latest_given := NULL;
-            v_wakes_queued := v_join.first_wakes_queued;
-            v_scheduled_due := v_join.first_scheduled_due;
         ELSE
             -- Step 2. (The aggregates take the rows in the order the subquery gives them,
             -- the rotation order: PostgreSQL's sorted-subquery idiom, without a sort of
@@ -325,16 +317,8 @@ BEGIN
                    -- not, each takes its next turn in the order n single dequeues would
                    -- give it.
                    coalesce(array_agg(nextval('fairq.turn_seq')), '{}'),
-                   max(p.turn_given_at),
-                   -- Has any channel picked queued wakes, or a scheduled message due
-                   -- (step 3)? Asked here, of each: statements of their own cost more
-                   -- than the lookups.
-                   bool_or(EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = p.id)),
-                   bool_or(EXISTS (SELECT 1 FROM fairq.message s
-                                    WHERE s.channel_id = p.id AND s.status = 'scheduled'
-                                      AND s.dequeue_at <= v_now))
-              INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs, v_latest_given,
-                   v_wakes_queued, v_scheduled_due
+                   max(p.turn_given_at)
+              INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs, v_latest_given
               FROM (SELECT c.id, c.name, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts,
                            c.turn_given_at
                       FROM fairq.channel c
@@ -379,7 +363,6 @@ BEGIN
         -- were recorded closer than release_interval_ms.
         IF v_latest_given > v_now THEN
             v_now := fairq.clock();
-            v_scheduled_due := NULL;  -- more may be due at this clock
         END IF;
         v_clock_fresh := false;
         v_holds_locks := true;
@@ -397,24 +380,17 @@ BEGIN
             v_picked_names := v_picked_names[1 : v_pos];
             v_turn_seqs := v_turn_seqs[1 : v_pos];
         END IF;
-        -- Wakes still queued for the picked channels happened before this serve. (The
-        -- pick asked, or fairq.join_rotation for the channel it found first: a wake
-        -- committed after that statement's snapshot is applied by a later call, or
-        -- spent when the channel settles, as one committed after this step would be.)
-        IF v_wakes_queued THEN
+        -- Wakes still queued for the picked channels happened before this serve.
+        IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_picked)) THEN
             PERFORM fairq.fold_wakes(v_picked);
         END IF;
 
-        -- Step 3. (The update runs only where the pick, or fairq.join_rotation, found a
-        -- scheduled message due, or after the clock moved on: an update that changes
-        -- nothing still opens every index of the message table.)
-        IF v_scheduled_due IS NOT FALSE THEN
-            UPDATE fairq.message m SET status = 'ready'
-             WHERE m.id = ANY (ARRAY(SELECT s.id FROM fairq.message s
-                                      WHERE s.channel_id = ANY (v_picked) AND s.status = 'scheduled'
-                                        AND s.dequeue_at <= v_now
-                                        FOR UPDATE SKIP LOCKED));  -- a message being cancelled stays put
-        END IF;
+        -- Step 3.
+        UPDATE fairq.message m SET status = 'ready'
+         WHERE m.id = ANY (ARRAY(SELECT s.id FROM fairq.message s
+                                  WHERE s.channel_id = ANY (v_picked) AND s.status = 'scheduled'
+                                    AND s.dequeue_at <= v_now
+                                    FOR UPDATE SKIP LOCKED));  -- a message being cancelled stays put
         IF v_attempts_capped THEN
             PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
         END IF;
@@ -511,13 +487,11 @@ BEGIN
     END LOOP;
     -- The collector's turn, if nobody ran it in the last second (its row is taken
     -- with SKIP LOCKED: no dequeue waits for another's collection).
-    IF v_collection_due THEN
-        PERFORM FROM fairq.channel_collection k WHERE k.collected_at <= v_now - interval '1 s'
-            FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
-            UPDATE fairq.channel_collection SET collected_at = v_now;
-            PERFORM fairq.collect_idle_channels(v_now, 1000);
-        END IF;
+    PERFORM FROM fairq.channel_collection k WHERE k.collected_at <= v_now - interval '1 s'
+        FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        UPDATE fairq.channel_collection SET collected_at = v_now;
+        PERFORM fairq.collect_idle_channels(v_now, 1000);
     END IF;
 END
 $$;

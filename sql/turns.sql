@@ -187,16 +187,13 @@ CREATE TYPE fairq.folded_turn AS (id bigint, woken boolean, due_at timestamptz, 
 -- waiting or woken, when it would be first in the rotation (ahead of every channel
 -- there, held or not, or alone) is not written at all: first_id and first_pass say
 -- which it is and the pass it joins at (and first_name and first_capped its name and
--- whether it has max_attempts; first_wakes_queued and first_scheduled_due what the
--- dequeue's pick would ask of it, in the same statement that places it), and the
--- dequeue serves it from there, writing its row once instead of twice (a woken one's
--- wakes are spent by then). That is what joining it and then picking would do: the
--- pick takes the first of the rotation.
+-- whether it has max_attempts), and the dequeue serves it from there, writing its
+-- row once instead of twice (a woken one's wakes are spent by then). That is what
+-- joining it and then picking would do: the pick takes the first of the rotation.
 CREATE FUNCTION fairq.join_rotation(p_queue_id integer, p_now timestamptz, p_limit integer,
                                     p_serve_first boolean DEFAULT false,
                                     OUT took boolean, OUT first_id bigint, OUT first_pass bigint,
-                                    OUT first_name text, OUT first_capped boolean,
-                                    OUT first_wakes_queued boolean, OUT first_scheduled_due boolean)
+                                    OUT first_name text, OUT first_capped boolean)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -270,13 +267,7 @@ BEGIN
                         ELSE j.after_pass - 1 < (SELECT r.turn_pass FROM fairq.channel r
                                                   WHERE r.queue_id = p_queue_id
                                                     AND r.turn_at = fairq.in_rotation()
-                                                  ORDER BY r.turn_pass LIMIT 1) END AS first,
-               CASE WHEN p_serve_first THEN EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = j.id)
-               END AS wakes_queued,
-               CASE WHEN p_serve_first THEN EXISTS (SELECT 1 FROM fairq.message s
-                                                     WHERE s.channel_id = j.id AND s.status = 'scheduled'
-                                                       AND s.dequeue_at <= p_now)
-               END AS scheduled_due
+                                                  ORDER BY r.turn_pass LIMIT 1) END AS first
           INTO v_lone
           FROM (SELECT c.id, t.turn_at, c.name, c.max_attempts IS NOT NULL AS capped,
                        a.turn_pass AS after_pass,
@@ -294,8 +285,6 @@ BEGIN
             first_pass := v_lone.pass;
             first_name := v_lone.name;
             first_capped := v_lone.capped;
-            first_wakes_queued := v_lone.wakes_queued;
-            first_scheduled_due := v_lone.scheduled_due;
             RETURN;
         ELSIF FOUND THEN
             UPDATE fairq.channel c

@@ -495,25 +495,3 @@ def test_a_message_that_makes_its_channel_writes_the_row_once(conn: Conn) -> Non
     assert channel_updates(conn) - before == 0
     assert conn.execute("SELECT count(*) FILTER (WHERE turn_at IS NOT NULL AND idle_since IS NULL)"
                         " FROM fairq.channel").fetchone() == (6,)
-
-
-def test_a_dequeue_runs_no_statement_that_finds_nothing(conn: Conn) -> None:
-    """Every statement costs its start-up, rows or not: an update that changes nothing
-    still opens every index of its table. A dequeue of one, of a channel that joins
-    first or of one already in the rotation, with ready messages only, no wake queued
-    and the collector run a moment ago, has the statement that places or picks the
-    channel ask what the others would look for, and runs no promotion of scheduled
-    messages, no look for queued wakes and no locking look at the collector's row
-    (0.7.24 ran all three at every call)."""
-    for _ in range(3):
-        create(conn, "busy")
-    joining = plans_of(conn, "SELECT * FROM fairq.message_dequeue(30000, 1)")  # the collector runs
-    in_rotation = plans_of(conn, "SELECT * FROM fairq.message_dequeue(30000, 1)")
-    assert [d.channel for d in dequeue(conn)] == ["busy"]  # (the calls above served two)
-    for plans in joining, in_rotation:
-        text = [p for p in plans if "Query Text" in p]
-        assert text, plans
-        assert not [p for p in text if "status = 'ready'" in p and "'scheduled'" in p
-                    and "UPDATE fairq.message" in p], text
-        assert not [p for p in text if "EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY" in p], text
-    assert not [p for p in in_rotation if "channel_collection" in p and "FOR UPDATE" in p], in_rotation
