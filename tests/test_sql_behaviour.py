@@ -278,7 +278,6 @@ def test_scheduled_channel_wakes_when_a_message_is_due(conn: Conn) -> None:
     assert row is not None and row["scheduled"] == 1 and row["next_dequeue_at"] > now
 
 
-
 def test_a_channel_served_as_it_joins_spends_the_wakes_queued_while_it_waited(conn: Conn) -> None:
     """A producer in bulk queues a wake for every channel it writes to, even one whose
     wait is already over (nobody has dequeued since). A dequeue that lets such a
@@ -290,12 +289,13 @@ def test_a_channel_served_as_it_joins_spends_the_wakes_queued_while_it_waited(co
     with conn.transaction():
         create_many(conn, [f"bulk-{i}" for i in range(300)])  # past fairq.bulk_channels()
         create(conn, "w", b"second")
-    assert conn.execute("SELECT count(*) FROM fairq.channel_wake w JOIN fairq.channel c"
-                        " ON c.id = w.channel_id WHERE c.name = 'w'").fetchone() == (1,)
+    wakes_of_w = ("SELECT count(*) FROM fairq.channel_wake w JOIN fairq.channel c"
+                  " ON c.id = w.channel_id WHERE c.name = 'w'")
+    assert conn.execute(wakes_of_w).fetchone() == (1,)
     assert [d.content for d in dequeue(conn)] == [b"in-a-minute"]
-    assert conn.execute("SELECT count(*) FROM fairq.channel_wake w JOIN fairq.channel c"
-                        " ON c.id = w.channel_id WHERE c.name = 'w'").fetchone() == (0,)
+    assert conn.execute(wakes_of_w).fetchone() == (0,)
     assert problems(conn) == []
+
 
 # -- 5. Durability, fencing, dead letters ----------------------------------------------------
 
