@@ -149,7 +149,8 @@ $$;
 -- Where a channel joins the rotation of queue p_queue_id (fairq.channels_join, and
 -- fairq.join_rotation for one channel): just ahead of the first
 -- channel given its place after its turn (rotation_after: that channel's pass), or
--- else behind the last (rotation_back: the highest pass). Table functions of one
+-- else behind the last (rotation_back: the highest pass); whether that is ahead of
+-- every channel there (rotation_front: the lowest pass). Table functions of one
 -- row, inlined into the statements that read them.
 CREATE FUNCTION fairq.rotation_after(p_queue_id integer, p_turn_at timestamptz)
 RETURNS TABLE(turn_pass bigint)
@@ -160,12 +161,26 @@ AS $$
      ORDER BY r.turn_given_at, r.turn_pass LIMIT 1
 $$;
 
+-- The front and the back are the ends of the rotation's range of channel_turn_ix,
+-- read by one lookup each. (turn_at <= '-infinity' is turn_at = '-infinity', but
+-- does not let channel_turn_given_ix, whose rows are those of the rotation, serve
+-- them: planned while statistics said the rotation was short, as a session that
+-- starts on a prefilled queue plans it, 0.7.24 read and sorted the whole rotation
+-- through that index at each lookup.)
 CREATE FUNCTION fairq.rotation_back(p_queue_id integer) RETURNS TABLE(turn_pass bigint)
 LANGUAGE sql STABLE
 AS $$
     SELECT r.turn_pass FROM fairq.channel r
-     WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation()
-     ORDER BY r.turn_pass DESC LIMIT 1
+     WHERE r.queue_id = p_queue_id AND r.turn_at <= fairq.in_rotation()
+     ORDER BY r.turn_at DESC, r.turn_pass DESC LIMIT 1
+$$;
+
+CREATE FUNCTION fairq.rotation_front(p_queue_id integer) RETURNS TABLE(turn_pass bigint)
+LANGUAGE sql STABLE
+AS $$
+    SELECT r.turn_pass FROM fairq.channel r
+     WHERE r.queue_id = p_queue_id AND r.turn_at <= fairq.in_rotation()
+     ORDER BY r.turn_at, r.turn_pass LIMIT 1
 $$;
 
 -- A channel's turn as its queued wakes leave it (fairq.folded_wakes, in channels.sql),
@@ -264,10 +279,8 @@ BEGIN
                p_serve_first
                AND CASE WHEN j.after_pass IS NULL
                         THEN j.back_pass IS NULL
-                        ELSE j.after_pass - 1 < (SELECT r.turn_pass FROM fairq.channel r
-                                                  WHERE r.queue_id = p_queue_id
-                                                    AND r.turn_at = fairq.in_rotation()
-                                                  ORDER BY r.turn_pass LIMIT 1) END AS first
+                        ELSE j.after_pass - 1 < (SELECT f.turn_pass
+                                                   FROM fairq.rotation_front(p_queue_id) AS f) END AS first
           INTO v_lone
           FROM (SELECT c.id, t.turn_at, c.name, c.max_attempts IS NOT NULL AS capped,
                        a.turn_pass AS after_pass,

@@ -224,6 +224,44 @@ def test_plans_cached_while_the_queue_was_empty_stay_index_lookups(server: Serve
             assert max(n for _, n in read) <= 12, [x for x in read if x[1] > 12]
 
 
+
+def test_a_lone_join_finds_its_place_in_a_long_rotation_by_lookups(server: Server) -> None:
+    """A dequeue of one that lets one channel join, as in the sparse steady state,
+    places it by the rotation's front and back. Planned while 2,000 channels waited
+    to join and none was in the rotation (as a worker's session starting on a
+    prefilled, analyzed queue plans it), those lookups must still read an entry or two
+    once the 2,000 are in the rotation. 0.7.24's read the whole rotation and sorted
+    it, through the index of when places were given: at the bench's 10,000-tenant
+    level, some 5,000 entries (and as many heap fetches) a dequeue."""
+    with planned_small(server, "fairq.message", "fairq.channel") as (conn, filler):
+        filler.execute(DEEP_QUEUE)
+        filler.execute("ANALYZE fairq.channel")
+        names = iter(range(4))
+
+        def lone_joins() -> list[list[str]]:
+            # Made after every place was given: it joins at the back.
+            create(conn, f"new-{next(names)}")
+            plans = [plans_of(conn, "SELECT count(*) FROM fairq.message_dequeue(30000, 1)")]
+            # Made before a serve gave a place, seen after it: it joins ahead of that
+            # channel, and whether that is the front decides whether it is served first.
+            filler.execute("BEGIN")
+            create(filler, f"late-{next(names)}")
+            assert len(dequeue(conn)) == 1
+            filler.execute("COMMIT")
+            plans.append(plans_of(conn, "SELECT count(*) FROM fairq.message_dequeue(30000, 1)"))
+            return plans
+
+        lone_joins()  # planned with every channel waiting to join
+        for _ in range(2):  # the 2,000 join the rotation, and stay: each has more
+            dequeue(conn, n=1000)
+        assert conn.execute("SELECT count(*) FROM fairq.channel"
+                            " WHERE turn_at = '-infinity'").fetchone()[0] > 1900  # type: ignore[index]
+        analyze_from_now(conn)
+        for plans in lone_joins():
+            assert any("after_pass" in p for p in plans), "\n\n".join(plans)
+            read = rows_read(plans)
+            assert max(n for _, n in read) <= 12, [x for x in read if x[1] > 12]
+
 def test_bulk_policy_and_wide_calls_planned_on_a_small_queue_stay_lookups(server: Server) -> None:
     """The calls the test above leaves out: a bulk producer (500 new channels, 300
     existing ones), policy and pause calls, queue pauses, a dead-letter purge and a
