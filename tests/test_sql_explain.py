@@ -224,7 +224,6 @@ def test_plans_cached_while_the_queue_was_empty_stay_index_lookups(server: Serve
             assert max(n for _, n in read) <= 12, [x for x in read if x[1] > 12]
 
 
-
 def test_a_lone_join_finds_its_place_in_a_long_rotation_by_lookups(server: Server) -> None:
     """A dequeue of one that lets one channel join, as in the sparse steady state,
     places it by the rotation's front and back. Planned while 2,000 channels waited
@@ -261,6 +260,7 @@ def test_a_lone_join_finds_its_place_in_a_long_rotation_by_lookups(server: Serve
             assert any("after_pass" in p for p in plans), "\n\n".join(plans)
             read = rows_read(plans)
             assert max(n for _, n in read) <= 12, [x for x in read if x[1] > 12]
+
 
 def test_bulk_policy_and_wide_calls_planned_on_a_small_queue_stay_lookups(server: Server) -> None:
     """The calls the test above leaves out: a bulk producer (500 new channels, 300
