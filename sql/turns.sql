@@ -148,15 +148,15 @@ $$;
 
 -- Where a channel joins the rotation of queue p_queue_id (fairq.channels_join, and
 -- fairq.join_rotation for one channel): just ahead of the first
--- channel given its place after its turn (rotation_after: that channel's pass), or
--- else behind the last (rotation_back: the highest pass); whether that is ahead of
--- every channel there (rotation_front: the lowest pass). Table functions of one
--- row, inlined into the statements that read them.
+-- channel given its place after its turn (rotation_after: when that place was given,
+-- and its pass), or else behind the last (rotation_back: the highest pass); whether
+-- that is ahead of every channel there (rotation_front: the lowest pass). Table
+-- functions of one row, inlined into the statements that read them.
 CREATE FUNCTION fairq.rotation_after(p_queue_id integer, p_turn_at timestamptz)
-RETURNS TABLE(turn_pass bigint)
+RETURNS TABLE(turn_given_at timestamptz, turn_pass bigint)
 LANGUAGE sql STABLE
 AS $$
-    SELECT r.turn_pass FROM fairq.channel r
+    SELECT r.turn_given_at, r.turn_pass FROM fairq.channel r
      WHERE r.queue_id = p_queue_id AND r.turn_at = fairq.in_rotation() AND r.turn_given_at > p_turn_at
      ORDER BY r.turn_given_at, r.turn_pass LIMIT 1
 $$;
@@ -332,30 +332,53 @@ AS $$
 BEGIN
     -- (Each node of this statement's plan costs its start-up at every call, rows or
     -- not, so it has as few as placing needs.)
-    WITH placed AS (  -- pos: the rank of each channel whose wait is over
+    WITH RECURSIVE ranked AS (  -- pos: the rank of each channel whose wait is over
+        SELECT h.*,
+               CASE WHEN h.waited
+                    THEN row_number() OVER (PARTITION BY h.waited
+                                            ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
+          FROM (SELECT h.*, h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now AS waited
+                  FROM (SELECT c.id, false AS woken, c.due_at, c.turn_at, c.turn_seq,
+                               c.turn_pass, c.turn_given_at
+                          FROM fairq.channel c
+                         WHERE c.id = ANY (p_waiting) AND NOT c.id = ANY (p_woken)
+                        UNION ALL
+                        SELECT f.* FROM unnest(p_folded) AS f) h) h
+    ), joining AS MATERIALIZED (  -- (read once, not at each step of the recursion)
+        -- The turns of those that join, by rank, and the latest place given.
+        SELECT array_agg(r.turn_at ORDER BY r.pos) AS turn_ats,
+               (SELECT max(g.turn_given_at) FROM fairq.channel g
+                 WHERE g.queue_id = p_queue_id AND g.turn_at = fairq.in_rotation()) AS latest_given
+          FROM ranked r WHERE r.pos <= p_limit
+    ), after AS (
+        -- By rank: the first place given after each one's turn (rotation_after), when
+        -- some place was given later than that turn. Turns rise with rank, so a place
+        -- found for one is the next one's too while its turn is earlier than that
+        -- place was given; only then is it looked up again, from its own turn. (A
+        -- lookup per channel walked the same entries each time: under load, those of
+        -- the places served since, which only vacuum removes.) None found: none for
+        -- those after it either, and the recursion ends.
+        SELECT 0::bigint AS pos, '-infinity'::timestamptz AS given_at, NULL::bigint AS pass
+        UNION ALL
+        SELECT a.pos + 1, n.turn_given_at, n.turn_pass
+          FROM after a
+         CROSS JOIN joining j
+         CROSS JOIN LATERAL (
+               SELECT a.given_at, a.pass WHERE j.turn_ats[a.pos + 1] < a.given_at
+               UNION ALL
+               SELECT f.turn_given_at, f.turn_pass
+                 FROM fairq.rotation_after(p_queue_id, j.turn_ats[a.pos + 1]) AS f
+                WHERE j.turn_ats[a.pos + 1] >= a.given_at
+                  AND j.turn_ats[a.pos + 1] < j.latest_given) n(turn_given_at, turn_pass)
+         WHERE a.pos < cardinality(j.turn_ats)
+    ), placed AS (
         SELECT p.*, count(*) FILTER (WHERE p.joins AND p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
           FROM (SELECT h.*, (h.pos <= p_limit) IS TRUE AS joins,
                        CASE WHEN h.pos <= p_limit THEN nextval('fairq.turn_seq') END AS joined_seq,
-                       -- (Looked up only when some place was given later than its turn:
-                       -- the latest given is one read, once.)
-                       CASE WHEN h.pos <= p_limit
-                             AND h.turn_at < (SELECT max(r.turn_given_at) FROM fairq.channel r
-                                               WHERE r.queue_id = p_queue_id
-                                                 AND r.turn_at = fairq.in_rotation())
-                            THEN (SELECT a.turn_pass FROM fairq.rotation_after(p_queue_id, h.turn_at) AS a)
-                       END AS next_pass
-                  FROM (SELECT h.*,
-                               CASE WHEN h.waited
-                                    THEN row_number() OVER (PARTITION BY h.waited
-                                                            ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
-                          FROM (SELECT h.*, h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now AS waited
-                                  FROM (SELECT c.id, false AS woken, c.due_at, c.turn_at, c.turn_seq,
-                                               c.turn_pass, c.turn_given_at
-                                          FROM fairq.channel c
-                                         WHERE c.id = ANY (p_waiting) AND NOT c.id = ANY (p_woken)
-                                        UNION ALL
-                                        SELECT f.* FROM unnest(p_folded) AS f) h) h
-                         ORDER BY pos OFFSET 0) h) p
+                       CASE WHEN h.pos <= p_limit THEN n.passes[h.pos] END AS next_pass
+                  FROM (SELECT * FROM ranked ORDER BY pos OFFSET 0) h
+                 CROSS JOIN (SELECT array_agg(a.pass ORDER BY a.pos) FILTER (WHERE a.pos > 0) AS passes
+                               FROM after a) n) p
     )
     UPDATE fairq.channel c
        SET due_at = p.due_at,
