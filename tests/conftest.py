@@ -70,15 +70,17 @@ def server() -> Iterator[Server]:
                                     "full_page_writes": "off", "max_connections": "300",
                                     "shared_buffers": "256MB"}).start()
         srv = Server(cluster.dsn("postgres"), cluster)
-    srv.admin(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
-    srv.admin(f'CREATE DATABASE "{TEMPLATE}"')
-    with psycopg.connect(srv.dsn(TEMPLATE), autocommit=True) as conn:
-        version = os.environ.get("FAIRQ_TEST_EXTENSION_VERSION")
-        if version:
-            conn.execute(psycopg.sql.SQL("CREATE EXTENSION fairq VERSION {}").format(version))
-        else:
-            conn.execute("CREATE EXTENSION fairq")
+    # (The template is made inside the try: a session whose setup fails, say on a
+    # version that is not installed, still removes its cluster.)
     try:
+        srv.admin(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
+        srv.admin(f'CREATE DATABASE "{TEMPLATE}"')
+        with psycopg.connect(srv.dsn(TEMPLATE), autocommit=True) as conn:
+            version = os.environ.get("FAIRQ_TEST_EXTENSION_VERSION")
+            if version:
+                conn.execute(psycopg.sql.SQL("CREATE EXTENSION fairq VERSION {}").format(version))
+            else:
+                conn.execute("CREATE EXTENSION fairq")
         yield srv
     finally:
         if cluster is not None:
