@@ -106,8 +106,7 @@ CREATE FUNCTION fairq.collect_idle_channels(p_now timestamptz, p_limit integer) 
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_ttl interval := coalesce(nullif(current_setting('fairq.idle_channel_ttl', true), '')::interval,
-                               interval '10 s');
+    v_ttl interval := fairq.setting_duration('fairq.idle_channel_ttl', interval '10 s');
     v_quiet bigint[];
     v_in_flight bigint[];
     v_removed integer;
@@ -447,7 +446,9 @@ DECLARE
     -- windows a call reads before it leaves the rest to later calls.
     v_slack CONSTANT integer := 8;
     v_max_windows CONSTANT integer := 8;
-    v_window_size CONSTANT integer := p_limit + v_slack;
+    -- (p_limit is at most a call's p_max_messages, which may be as large as an
+    -- integer goes: no window reads more than that many wakes anyway.)
+    v_window_size CONSTANT integer := LEAST(p_limit, 2147483647 - v_slack) + v_slack;
     v_seen bigint[] := '{}';   -- channels of the windows read so far
     v_from timestamptz := '-infinity';  -- where the next window starts
     v_read integer;            -- wakes the window read

@@ -343,9 +343,8 @@ BEGIN
             -- How long, in all, a call waits for busy channels: the setting
             -- fairq.dequeue_busy_wait (an interval, default 200 ms). Longer means a user
             -- transaction holds the channel, and the answer is "nothing available".
-            v_wait_until := coalesce(v_wait_until, clock_timestamp() + coalesce(
-                nullif(current_setting('fairq.dequeue_busy_wait', true), '')::interval,
-                interval '200 ms'));
+            v_wait_until := coalesce(v_wait_until, clock_timestamp()
+                + fairq.setting_duration('fairq.dequeue_busy_wait', interval '200 ms'));
             EXIT WHEN NOT fairq.wait_for_release(v_queue_id, v_wait_until);
             -- The call we waited for may have applied a wake, or left one free to apply,
             -- and gave its channel a turn at its own clock. This call goes on with a new

@@ -27,6 +27,9 @@ DECLARE
     v_role name := (SELECT rolname FROM pg_roles WHERE oid = fairq.require(p_role, 'p_role'));
     v_object text;
 BEGIN
+    IF v_role IS NULL THEN  -- an OID cast to regrole is not checked: a dropped role's, say
+        RAISE EXCEPTION 'p_role must be an existing role, got OID %', p_role::oid USING ERRCODE = '42704';
+    END IF;
     EXECUTE format('GRANT USAGE ON SCHEMA fairq TO %I', v_role);
     FOREACH v_object IN ARRAY p_objects LOOP
         EXECUTE format('GRANT %s ON %s TO %I', p_privileges, v_object, v_role);

@@ -81,19 +81,20 @@ BEGIN
     END IF;
 
     -- Messages first, in id order, then channels in id order: the global lock order.
-    -- Of the locked messages, those the caller still holds are settled; an id listed
-    -- twice is settled by its first occurrence only. (OFFSET 0 keeps the filter out
-    -- of the locking subquery, so messages are found by id, never by reading every
-    -- lock in message_locked_ix. Joined to the first occurrences: array_position per
-    -- message made a batch of n cost n² comparisons.)
+    -- Of the locked messages, those the caller still holds are settled: the elements
+    -- are answered as message_complete would answer them one after the other, so an id
+    -- listed twice is settled by its first element that holds its token. (OFFSET 0
+    -- keeps the filter out of the locking subquery, so messages are found by id, never
+    -- by reading every lock in message_locked_ix. A join on (id, token), not a lookup
+    -- in the arrays per message: array_position per message made a batch of n cost n²
+    -- comparisons.)
     v_claimed := ARRAY(
         SELECT m.id
           FROM (SELECT * FROM fairq.message m WHERE m.id = ANY (p_ids) ORDER BY m.id
                    FOR UPDATE OFFSET 0) m
-          JOIN (SELECT DISTINCT ON (u.id) u.id, u.num_attempts
-                  FROM unnest(p_ids, p_num_attempts) WITH ORDINALITY AS u(id, num_attempts, pos)
-                 ORDER BY u.id, u.pos) u ON u.id = m.id
-         WHERE fairq.held_attempts(m.status, m.num_attempts) = u.num_attempts);
+         WHERE EXISTS (SELECT 1 FROM unnest(p_ids, p_num_attempts) AS u(id, num_attempts)
+                        WHERE u.id = m.id
+                          AND u.num_attempts = fairq.held_attempts(m.status, m.num_attempts)));
     WITH deleted AS (
         DELETE FROM fairq.message m WHERE m.id = ANY (v_claimed) RETURNING m.*
     )
@@ -162,13 +163,20 @@ BEGIN
         END IF;
     END LOOP;
 
+    -- An element before the one that settled its message found it held with another
+    -- token (stale); one after it finds it gone (not_found).
     RETURN QUERY
-        SELECT u.id,
-               CASE WHEN d.id IS NOT NULL AND u.i = min(u.i) OVER (PARTITION BY u.id) THEN 'completed'
-                    ELSE fairq.miss(u.id, 'stale') END
-          FROM unnest(p_ids) WITH ORDINALITY AS u(id, i)
-          LEFT JOIN unnest(v_done) AS d ON d.id = u.id
-         ORDER BY u.i;
+        SELECT x.id,
+               CASE WHEN x.settled_at IS NULL THEN fairq.miss(x.id, 'stale')
+                    WHEN x.i = x.settled_at THEN 'completed'
+                    WHEN x.i < x.settled_at THEN 'stale'
+                    ELSE 'not_found' END
+          FROM (SELECT u.id, u.i,
+                       min(u.i) FILTER (WHERE u.num_attempts = d.num_attempts)
+                           OVER (PARTITION BY u.id) AS settled_at
+                  FROM unnest(p_ids, p_num_attempts) WITH ORDINALITY AS u(id, num_attempts, i)
+                  LEFT JOIN unnest(v_done) AS d ON d.id = u.id) x
+         ORDER BY x.i;
 END
 $$;
 
@@ -416,7 +424,7 @@ $$;
 COMMENT ON FUNCTION fairq.message_complete(bigint, bigint) IS
     'Removes a message its caller holds (fenced by num_attempts): completed | not_found | stale.';
 COMMENT ON FUNCTION fairq.message_complete_batch(bigint[], bigint[]) IS
-    'message_complete for many messages: one (id, status) row per input element.';
+    'message_complete for many messages: one (id, status) row per input element, each answered as message_complete calls one after the other would answer it.';
 COMMENT ON FUNCTION fairq.message_defer(bigint, bigint, timestamptz, bytea) IS
     'Unlocks a held message and reschedules it (NULL = now), keeping num_attempts; a non-NULL p_state replaces the saved state: deferred | not_found | stale.';
 COMMENT ON FUNCTION fairq.message_heartbeat(bigint, bigint, bigint) IS

@@ -160,3 +160,32 @@ BEGIN
     RETURN p_value;
 END
 $$;
+
+-- A setting that holds a duration (fairq.idle_channel_ttl, fairq.dequeue_busy_wait):
+-- unset or empty means p_default. Anything else must read as an interval from 0 to
+-- 1,000 years (far enough to mean "never", near enough that now minus it is still a
+-- timestamp); a bad value fails the call that reads it with 22023 naming the
+-- setting, not with an error from deep inside the dequeue.
+-- (Read where rarely needed: the block that catches the cast costs a subtransaction.)
+CREATE FUNCTION fairq.setting_duration(p_setting text, p_default interval) RETURNS interval
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_text text := nullif(current_setting(p_setting, true), '');
+    v_value interval;
+BEGIN
+    IF v_text IS NULL THEN
+        RETURN p_default;
+    END IF;
+    BEGIN
+        v_value := v_text::interval;
+    EXCEPTION WHEN data_exception THEN
+        v_value := NULL;
+    END;
+    IF v_value IS NULL OR v_value < interval '0' OR v_value > interval '1000 years' THEN
+        RAISE EXCEPTION 'setting % must be an interval from 0 to 1000 years, got %', p_setting, quote_literal(v_text)
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN v_value;
+END
+$$;

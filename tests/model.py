@@ -520,15 +520,14 @@ class Model:
 
     def complete_batch(self, pairs: list[tuple[int, int]], now: T,
                        channel_order: list[int] | None = None) -> list[tuple[int, str]]:
-        """An id listed twice is settled by its first occurrence only. The freed
-        channels take their new turns in channel_order (any order is allowed; see
-        complete_batch_outcomes)."""
+        """The elements are answered as message_complete would answer them one after
+        the other (an id listed twice is settled by its first element holding its
+        token). The freed channels take their new turns in channel_order (any order
+        is allowed; see complete_batch_outcomes)."""
         out: list[tuple[int, str]] = []
         done: list[Message] = []
-        seen: set[int] = set()
         for mid, attempts in pairs:
-            m = self._fenced(mid, attempts) if mid not in seen else None
-            seen.add(mid)
+            m = self._fenced(mid, attempts)
             if m is not None:
                 del self.messages[mid]
                 done.append(m)

@@ -83,6 +83,19 @@ def test_complete_batch_refuses_arrays_that_do_not_start_at_1(conn: Conn, lower:
                         ([d.id], [d.num_attempts])).fetchall() == [(d.id, "completed")]
 
 
+def test_complete_batch_answers_each_element_as_completions_one_after_the_other_would(
+        conn: Conn) -> None:
+    create(conn, "c")
+    d = dequeue_one(conn)
+    assert d is not None
+    # A wrong token first, then the holder's twice: 0.7.26 settled an id by its first
+    # element only, so it answered stale, stale, stale and left the message locked.
+    assert conn.execute("SELECT * FROM fairq.message_complete_batch(%s, %s)",
+                        ([d.id] * 3, [d.num_attempts + 1, d.num_attempts, d.num_attempts])
+                        ).fetchall() == [(d.id, "stale"), (d.id, "completed"), (d.id, "not_found")]
+    assert conn.execute("SELECT count(*) FROM fairq.message").fetchone() == (0,)
+
+
 # Element by element: the single form's SQLSTATE for the same bad value, the element named.
 LONG_KEY = "k" * 3000
 ELEMENT_CASES: dict[str, tuple[str, str, str, str]] = {

@@ -18,11 +18,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sqlq import Conn, call, call_fuzzed, create, dequeue, dequeue_one, problems
+from sqlq import (
+    Conn,
+    call,
+    call_fuzzed,
+    complete,
+    create,
+    create_many,
+    dequeue,
+    dequeue_one,
+    problems,
+)
 
 NOT_NULL = "22004"  # null_value_not_allowed
 INVALID = "22023"  # invalid_parameter_value
 OUT_OF_RANGE = "22003"  # numeric_value_out_of_range
+NO_SUCH_ROLE = "42704"  # undefined_object
 
 INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
 INT8_MIN, INT8_MAX = -(2**63), 2**63 - 1
@@ -276,6 +287,11 @@ CASES: dict[str, Case] = {
     "grant_producer: NULL role": Case("SELECT fairq.grant_producer(NULL)", NOT_NULL, "p_role"),
     "grant_worker: NULL role": Case("SELECT fairq.grant_worker(NULL)", NOT_NULL, "p_role"),
     "grant_observer: NULL role": Case("SELECT fairq.grant_observer(NULL)", NOT_NULL, "p_role"),
+    # (an OID cast to regrole is not checked: a dropped role's, say)
+    "grant_producer: no such role": Case("SELECT fairq.grant_producer(99999::regrole)", NO_SUCH_ROLE, "p_role"),
+    "grant_worker: no such role": Case("SELECT fairq.grant_worker(0::regrole)", NO_SUCH_ROLE, "p_role"),
+    "grant_observer: no such role": Case("SELECT fairq.grant_observer(99999::regrole)", NO_SUCH_ROLE,
+                                         "p_role"),
 }
 
 
@@ -302,7 +318,53 @@ def test_null_and_invalid_map_to_the_documented_exception_classes(populated: Pop
         populated.conn.execute("SELECT * FROM fairq.message_dequeue(0)")
 
 
+# -- Settings ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["banana", "-1 s", "1001 years", "300000 years"])
+def test_a_bad_idle_channel_ttl_fails_the_collecting_dequeue_naming_the_setting(
+        populated: Populated, value: str) -> None:
+    conn = populated.conn
+    before = snapshot(conn)
+    conn.execute("UPDATE fairq.channel_collection SET collected_at = '-infinity'")  # collect now
+    conn.execute("SELECT set_config('fairq.idle_channel_ttl', %s, false)", (value,))
+    try:
+        with pytest.raises(psycopg.Error) as excinfo:
+            dequeue(conn)
+    finally:
+        conn.execute("RESET fairq.idle_channel_ttl")
+    error = excinfo.value
+    assert (error.sqlstate, "fairq.idle_channel_ttl" in (error.diag.message_primary or "")) == (
+        INVALID, True), f"{error.sqlstate}: {error.diag.message_primary}"
+    assert snapshot(conn) == before
+    assert problems(conn) == []
+
+
+def test_a_bad_dequeue_busy_wait_fails_the_dequeue_that_would_wait_naming_the_setting(
+        conn: Conn, dsn: str) -> None:
+    create_many(conn, ["busy"] * 2)
+    with psycopg.connect(dsn) as holder:  # its dequeue holds the channel until it rolls back
+        assert len(dequeue(holder)) == 1
+        conn.execute("SET fairq.dequeue_busy_wait = 'soon'")
+        with pytest.raises(psycopg.Error) as excinfo:
+            dequeue(conn)
+        holder.rollback()
+    error = excinfo.value
+    assert (error.sqlstate, "fairq.dequeue_busy_wait" in (error.diag.message_primary or "")) == (
+        INVALID, True), f"{error.sqlstate}: {error.diag.message_primary}"
+    conn.execute("RESET fairq.dequeue_busy_wait")
+    assert [d.channel for d in dequeue(conn, n=3)] == ["busy", "busy"]
+
+
 # -- Boundaries and extremes that are valid ---------------------------------------------
+
+
+def test_a_dequeue_may_ask_for_as_many_messages_as_an_integer_holds(conn: Conn) -> None:
+    create(conn, "a")
+    first = dequeue_one(conn)
+    assert first is not None and complete(conn, first) == "completed"
+    create(conn, "a")  # the channel was idle: this queues its wake, read in windows
+    assert [d.channel for d in dequeue(conn, n=INT4_MAX)] == ["a"]
 
 
 @pytest.mark.parametrize("name", NAMES_OF_255_BYTES.values(), ids=NAMES_OF_255_BYTES.keys())
