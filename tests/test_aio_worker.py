@@ -268,6 +268,63 @@ def test_work_that_outlives_the_grace_period_is_handed_back_and_cancelled(hdsn: 
     asyncio.run(scenario())
 
 
+def test_cancelling_run_hands_running_work_back_at_once(hdsn: str) -> None:
+    """run() cancelled from outside (a TaskGroup, wait_for, an application's shutdown):
+    0.7.26 cancelled only its own loops and left the handlers running unheartbeated,
+    their messages locked until the lock lapsed."""
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send("t", b"job")
+            started = asyncio.Event()
+            cancelled = asyncio.Event()
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                started.set()
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    cancelled.set()
+                    raise
+
+            worker = AsyncWorker(queue, handler, lock=timedelta(seconds=30), **FAST)
+            task = asyncio.create_task(worker.run())
+            await asyncio.wait_for(started.wait(), TIMEOUT)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 30)
+            assert cancelled.is_set()
+            [msg] = await queue.dequeue(timedelta(seconds=30))  # back now, not in 30 s
+            assert (msg.id, msg.num_attempts, msg.recovered) == (sent.id, 2, False)
+    asyncio.run(scenario())
+
+
+def test_a_message_back_while_its_first_handler_runs_is_its_own_delivery(hdsn: str) -> None:
+    """As for Worker: keyed by id, the first handler's end took the second delivery
+    out of the heartbeats, and a third ran beside it once its lock lapsed."""
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send("steps", b"job")
+            attempts: list[int] = []
+            second_started = asyncio.Event()
+            lock = timedelta(seconds=1)
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                attempts.append(message.num_attempts)
+                if message.num_attempts == 1:
+                    assert await message.defer(state=b"step-2") is SettleStatus.DEFERRED
+                    await asyncio.wait_for(second_started.wait(), TIMEOUT)
+                    return
+                second_started.set()
+                await asyncio.sleep(3 * lock.total_seconds())  # only heartbeats keep it
+
+            worker = AsyncWorker(queue, handler, concurrency=2, lock=lock, **FAST)
+            async with running(worker):
+                await until(lambda: completions(hdsn))
+            assert attempts == [1, 2]
+            assert await completions(hdsn) == [(sent.id, 2)]
+    asyncio.run(scenario())
+
+
 def test_periodic_drivers_are_ticked_not_handed_to_the_handler(hdsn: str) -> None:
     async def scenario() -> None:
         async with AsyncQueue(hdsn) as queue:

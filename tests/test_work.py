@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from fairq import _work
-from fairq._work import Backoff, Options, Wakeups, parse_event, wakes
+from fairq._sql import DoorbellAnswer
+from fairq._work import Backoff, Doorbell, Options, Wakeups, parse_event, wakes
 from fairq.codecs import BytesCodec
 from fairq.types import ReceivedMessage, SettleStatus
 
@@ -71,7 +72,33 @@ def test_wakeups_sleep_until_the_earliest_announced_message_of_its_own_queue() -
     assert wakeups.heard(payload(dequeue_at=(NOW + timedelta(seconds=4)).isoformat()), NOW)
     assert wakeups.idle_timeout(NOW) == timedelta(seconds=2)
     assert wakeups.idle_timeout(NOW + timedelta(seconds=2)) == timedelta(0)  # due: look now
-    assert wakeups.idle_timeout(NOW + timedelta(seconds=2)) == timedelta(seconds=5)
+    assert wakeups.idle_timeout(NOW + timedelta(seconds=2)) == timedelta(seconds=1)  # the next
+
+
+def test_a_due_time_that_has_come_does_not_hide_a_later_one() -> None:
+    wakeups = Wakeups("default", timedelta(seconds=5))
+    wakeups.expect(NOW + timedelta(seconds=1), NOW)
+    later = NOW + timedelta(seconds=2)
+    wakeups.expect(NOW + timedelta(seconds=3), later)  # heard once the first had come
+    assert wakeups.idle_timeout(later) == timedelta(0)  # the first: look now
+    assert wakeups.idle_timeout(later) == timedelta(seconds=1)  # then the second, not the poll
+    assert wakeups.idle_timeout(NOW + timedelta(seconds=3)) == timedelta(0)
+    assert wakeups.idle_timeout(NOW + timedelta(seconds=3)) == timedelta(seconds=5)
+
+
+def test_the_doorbell_is_asked_again_after_work_and_once_a_poll_interval() -> None:
+    quiet = DoorbellAnswer(held=True, quiet=True, next_turn_at=None)
+    doorbell = Doorbell("default", timedelta(seconds=5))
+    hold = doorbell.before_sleep(0.0)
+    assert hold is not None and "doorbell_hold" in hold.query
+    assert doorbell.answered(quiet, 0.0) is None  # look once more, then sleep
+    assert doorbell.before_sleep(1.0) is None
+    doorbell.took_work()  # when may the channels just served come again? ask
+    again = doorbell.before_sleep(1.0)
+    assert again is not None and "doorbell_quiet" in again.query
+    assert doorbell.answered(quiet, 1.0) is None
+    assert doorbell.before_sleep(5.9) is None
+    assert doorbell.before_sleep(6.0) is not None  # a lost session shows within a poll
 
 
 def test_queue_name_comes_from_the_binding_when_it_has_one() -> None:
@@ -105,6 +132,10 @@ def test_backoff_doubles_up_to_its_cap_with_equal_jitter() -> None:
     for attempt, ceiling in [(1, 1), (2, 2), (3, 4), (4, 8), (5, 10), (500, 10)]:
         delay = backoff.delay(attempt)
         assert timedelta(seconds=ceiling) / 2 <= delay <= timedelta(seconds=ceiling)
+    # base * 2**32 does not fit in a timedelta: the cap must rule before it is computed.
+    slow = Backoff(base=timedelta(hours=6), cap=timedelta(days=1))
+    for attempt in (33, 64, 10**6):
+        assert timedelta(hours=12) <= slow.delay(attempt) <= timedelta(days=1)
 
 
 @pytest.mark.parametrize("bad", [

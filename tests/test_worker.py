@@ -113,6 +113,86 @@ def test_heartbeat_keeps_a_short_lock_through_a_long_handler(queue: Queue[bytes]
     assert completions(dsn) == [(sent.id, 1)]
 
 
+def test_a_message_back_while_its_first_handler_runs_is_its_own_delivery(
+        queue: Queue[bytes], dsn: str) -> None:
+    """A handler may defer its own message (with state: a next step) and run on while
+    the same id comes back to the worker. 0.7.26's worker tracked running handlers by
+    id: the first one's end took the second out of the heartbeats, its short lock
+    lapsed and a third delivery ran beside it."""
+    sent = queue.send("steps", b"job")
+    attempts: list[int] = []
+    second_started = threading.Event()
+    lock = timedelta(seconds=1)
+
+    def handler(message: Message[bytes]) -> None:
+        attempts.append(message.num_attempts)
+        if message.num_attempts == 1:
+            assert message.defer(state=b"step-2") is SettleStatus.DEFERRED
+            assert second_started.wait(60), "never delivered again"
+            return  # the worker's completion answers stale: it was deferred
+        second_started.set()
+        time.sleep(3 * lock.total_seconds())  # outlives its lock: only heartbeats keep it
+
+    worker = Worker(queue, handler, concurrency=2, lock=lock, **FAST)
+    with running(worker):
+        eventually(lambda: completions(dsn))
+    assert attempts == [1, 2]
+    assert completions(dsn) == [(sent.id, 2)]
+
+
+def test_a_rate_limited_channel_is_served_at_its_pace_not_at_the_poll(queue: Queue[bytes],
+                                                                       dsn: str) -> None:
+    """The doorbell says when a waiting channel may be served next; 0.7.26's worker
+    heard it once, then slept a whole poll interval between releases (and a due time
+    that had come hid every later one)."""
+    queue.channel_set("paced", release_interval=timedelta(milliseconds=300))
+    for _ in range(4):
+        queue.send("paced", b"x")
+    worker = Worker(queue, lambda message: None, concurrency=2, lock=timedelta(seconds=30),
+                    poll_interval=timedelta(seconds=30), grace_period=timedelta(seconds=5))
+    started = time.monotonic()
+    with running(worker):
+        eventually(lambda: len(completions(dsn)) == 4)
+        took = time.monotonic() - started
+    # Three intervals of 300 ms; at the poll's pace it takes three polls, 90 s.
+    assert took < 20, f"4 messages 300 ms apart took {took:.1f} s"
+
+
+def test_a_coroutine_returned_by_a_plain_handler_fails_its_message(queue: Queue[bytes],
+                                                                    dsn: str) -> None:
+    """An async handler given to Worker (behind a decorator that hides it) returns a
+    coroutine it never runs: its message must not be completed unrun."""
+    sent = queue.send("c", b"x")
+
+    async def body(message: Message[bytes]) -> None:
+        raise AssertionError("never awaited")
+
+    def handler(message: Message[bytes]) -> Any:
+        return body(message)
+
+    worker = Worker(queue, handler, max_attempts=1, **FAST)
+    with running(worker), psycopg.connect(dsn) as conn:
+        dead = eventually(lambda: conn.execute(
+            "SELECT id, error FROM fairq.dead_letters").fetchall())
+    assert dead[0][0] == sent.id and "AsyncWorker" in dead[0][1]
+    assert completions(dsn) == []
+
+
+def test_a_handler_that_exits_fails_its_message_and_stops_the_worker(queue: Queue[bytes],
+                                                                      dsn: str) -> None:
+    """sys.exit() in a handler thread ended that thread silently: the next message was
+    taken and never run, and heartbeated for as long as the worker ran."""
+    first = queue.send("c", b"exit")
+    worker = Worker(queue, lambda message: sys.exit(3), max_attempts=1, **FAST)
+    thread = threading.Thread(target=worker.run, daemon=True)  # (a build with the bug never stops)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the worker did not stop"
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT id, error FROM fairq.dead_letters").fetchall() == [
+            (first.id, "SystemExit: 3")]
+
+
 def test_failures_back_off_then_give_up(queue: Queue[bytes]) -> None:
     sent = queue.send("flaky", b"job")
     calls: list[tuple[int, float]] = []

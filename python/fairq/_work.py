@@ -10,6 +10,7 @@ answers something else than expected.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import random
@@ -33,12 +34,15 @@ __all__ = [
     "Settlement",
     "Wakeups",
     "after_failure",
+    "delivery",
+    "not_awaited",
     "parse_event",
     "queue_name",
     "report_hand_back",
     "report_heartbeat",
     "report_settlement",
     "report_tick",
+    "stops_worker",
     "wakes",
 ]
 
@@ -59,8 +63,10 @@ class Backoff:
     cap: timedelta = timedelta(minutes=10)
 
     def delay(self, attempt: int) -> timedelta:
-        doublings = min(max(0, attempt - 1), 32)  # beyond that the cap rules anyway
-        ceiling = min(self.cap, self.base * (1 << doublings))
+        doublings = min(max(0, attempt - 1), 64)  # beyond that the cap rules anyway
+        # (In seconds: base * 2**doublings overflows timedelta long before the cap.)
+        ceiling = timedelta(seconds=min(self.cap.total_seconds(),
+                                        self.base.total_seconds() * 2.0 ** doublings))
         return ceiling / 2 + ceiling / 2 * random.random()
 
 
@@ -159,14 +165,20 @@ def wakes(event: Event | None, queue: str) -> bool:
 
 class Wakeups:
     """When the dequeue loop should look again: at the next poll, at once when one of
-    its queue's events arrives, or when a message an event announced for later is due."""
+    its queue's events arrives, or when a message an event announced for later (or a
+    channel the doorbell said waits) is due."""
+
+    # Due times kept: the earliest ones. One forgotten costs a poll interval, never a
+    # message.
+    KEPT = 64
 
     def __init__(self, queue: str, poll_interval: timedelta) -> None:
         self.queue = queue
         self.poll_interval = poll_interval
-        # Earliest future dequeue_at heard of. Written by the listener, read by the
-        # dequeue loop: a lost update only costs one poll interval, never a message.
-        self._next_due: datetime | None = None
+        # Due times heard of and not yet looked at, earliest first. Written by the
+        # listener, read by the dequeue loop (a list replaced whole, never changed in
+        # place; a time lost between the two costs a poll interval).
+        self._due: list[datetime] = []
 
     def heard(self, payload: str, now: datetime) -> bool:
         """Takes in a notification; True if it should wake the dequeue loop."""
@@ -178,28 +190,33 @@ class Wakeups:
             log.debug("NOTIFY %s #%s of queue %r: not queue %r, ignored",
                       event.event, event.id, event.queue, self.queue)
             return False
-        due = event.dequeue_at
-        if due is not None and due > now and (self._next_due is None or due < self._next_due):
-            self._next_due = due
+        if event.dequeue_at is not None and event.dequeue_at > now:
+            self._keep(event.dequeue_at)
         log.debug("NOTIFY %s #%s of queue %r: wake", event.event, event.id, event.queue)
         return True
 
     def expect(self, due: datetime | None, now: datetime) -> None:
         """A time some work may become due without an event (fairq.doorbell_hold's
         next_turn_at): the dequeue loop looks again then at the latest."""
-        if due is not None and (self._next_due is None or due < self._next_due):
-            self._next_due = max(due, now)
+        if due is not None:
+            self._keep(max(due, now))
+
+    def _keep(self, due: datetime) -> None:
+        self._due = sorted({*self._due, due})[:self.KEPT]
 
     def idle_timeout(self, now: datetime) -> timedelta:
         """How long to sleep with nothing to do: until the next poll, or until a message
-        heard of becomes due, whichever comes first."""
-        if self._next_due is None:
-            return self.poll_interval
-        until_due = self._next_due - now
-        if until_due <= timedelta(0):
-            self._next_due = None
+        heard of becomes due, whichever comes first. A due time that has come is
+        looked at once (no sleep) and then forgotten; a later one still counts (0.7.27:
+        before, a past time hid every later one, and a rate-limited channel's next
+        turn waited for the poll)."""
+        due = self._due
+        if due and due[0] <= now:
+            self._due = [d for d in due if d > now]
             return timedelta(0)
-        return min(self.poll_interval, until_due)
+        if not due:
+            return self.poll_interval
+        return min(self.poll_interval, due[0] - now)
 
 
 class Doorbell:
@@ -221,25 +238,38 @@ class Doorbell:
         self.poll_interval = poll_interval
         self.held = False
         self.quiet = False
+        self._quiet_heard_at: float | None = None  # monotonic seconds
         self._pause = self.FIRST_PAUSE
 
-    def before_sleep(self) -> _sql.Call[_sql.DoorbellAnswer] | None:
-        """What to ask the database before sleeping; None when the worker may sleep."""
-        if self.held and self.quiet:
+    def before_sleep(self, now: float) -> _sql.Call[_sql.DoorbellAnswer] | None:
+        """What to ask the database before sleeping; None when the worker may sleep.
+        ``now``: monotonic seconds. "Quiet" counts for one poll interval: then the
+        worker asks again, which tells it when waiting channels come due and finds a
+        doorbell session the server has lost (restart, idle timeout, a proxy)."""
+        if (self.held and self.quiet and self._quiet_heard_at is not None
+                and now - self._quiet_heard_at < self.poll_interval.total_seconds()):
             return None
+        self.quiet = False
         return _sql.doorbell_quiet(self.queue) if self.held else _sql.doorbell_hold(self.queue)
 
-    def answered(self, answer: _sql.DoorbellAnswer) -> timedelta | None:
+    def answered(self, answer: _sql.DoorbellAnswer, now: float) -> timedelta | None:
         """How long to pause before looking for work again; None: look at once (and
         sleep if that finds nothing)."""
         self.held = self.held or answer.held
         if answer.quiet:
             self.quiet = True
+            self._quiet_heard_at = now
             self._pause = self.FIRST_PAUSE
             return None
         pause = self._pause
         self._pause = min(self._pause * 2, self.poll_interval)
         return pause
+
+    def took_work(self) -> None:
+        """A dequeue handed out messages but left slots free: before sleeping, ask
+        again (its answer says when the channels just served may be served again: a
+        rate limit's next release, say)."""
+        self.quiet = False
 
     def busy(self) -> _sql.Call[None] | None:
         """Every free slot taken: what lets go of the doorbell (None if not held)."""
@@ -251,6 +281,7 @@ class Doorbell:
     def lost(self) -> None:
         """The session that held the doorbell is gone (and with it the lock)."""
         self.held = self.quiet = False
+        self._quiet_heard_at = None
         self._pause = self.FIRST_PAUSE
 
     def failed(self, exc: Exception) -> bool:
@@ -270,6 +301,32 @@ class Doorbell:
 
 
 # -- outcomes -------------------------------------------------------------------------
+
+def delivery(message: ReceivedMessage[Any]) -> tuple[int, int]:
+    """What a worker tracks a running handler by: the message's id and attempt. A
+    handler may settle its own message (a ``defer`` to go on later) and run on while
+    the same id comes back to this worker: two deliveries, two handlers (0.7.27:
+    keyed by id alone, the first one's end took the second out of the heartbeats)."""
+    return (message.id, message.num_attempts)
+
+
+def stops_worker(exc: BaseException) -> bool:
+    """A handler that raises SystemExit or KeyboardInterrupt fails its message like
+    any other exception, and then stops its worker (as it would stop the process),
+    which finishes or hands back the rest."""
+    return isinstance(exc, (SystemExit, KeyboardInterrupt))
+
+
+def not_awaited(result: object) -> TypeError | None:
+    """A plain Worker's handler that returned an awaitable did not run its body: an
+    ``async def`` handler (maybe behind a decorator) given to ``Worker`` instead of
+    ``AsyncWorker``. Its message fails rather than completing unrun."""
+    if not inspect.isawaitable(result):
+        return None
+    if inspect.iscoroutine(result):
+        result.close()  # never awaited: no RuntimeWarning at garbage collection
+    return TypeError("the handler returned an awaitable: an async handler needs AsyncWorker")
+
 
 @dataclass(frozen=True)
 class Settlement:

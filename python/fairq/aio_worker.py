@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any, Generic, TypeVar
@@ -67,7 +68,8 @@ class AsyncWorker(Generic[T]):
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None  # while run() runs
         self._wake = asyncio.Event()
-        self._running: dict[int, tuple[AsyncMessage[T], asyncio.Task[None]]] = {}
+        # by _work.delivery
+        self._running: dict[tuple[int, int], tuple[AsyncMessage[T], asyncio.Task[None]]] = {}
 
     # -- control --------------------------------------------------------------------
 
@@ -100,7 +102,14 @@ class AsyncWorker(Generic[T]):
             background.append(asyncio.create_task(self._listen_loop(), name="fairq-listen"))
         try:
             await self._dequeue_loop()
-            await self._drain()
+            await self._drain(self.options.grace_period)
+        except asyncio.CancelledError:
+            # run() itself was cancelled (a TaskGroup, wait_for, an application's
+            # shutdown): no grace, the caller wants it gone; what runs is handed back
+            # at once rather than left to lapse, and its tasks are cancelled.
+            self._stopping = True
+            await self._drain(timedelta(0))
+            raise
         finally:
             # When run() returns, the worker holds no connection of its own any more.
             for task in background:
@@ -158,11 +167,14 @@ class AsyncWorker(Generic[T]):
             for message in messages:
                 task = asyncio.create_task(self._process(message),
                                            name=f"fairq-message-{message.id}")
-                self._running[message.id] = (message, task)
+                self._running[_work.delivery(message)] = (message, task)
             if len(messages) == free:
                 if self._doorbell is not None:
                     await self._ask_doorbell(self._doorbell.busy())
-            elif await self._may_sleep():
+                continue
+            if messages and self._doorbell is not None:
+                self._doorbell.took_work()
+            if await self._may_sleep():
                 await self._wait(self._wakeups.idle_timeout(datetime.now(timezone.utc)))
 
     async def _may_sleep(self) -> bool:
@@ -170,11 +182,11 @@ class AsyncWorker(Generic[T]):
         for work first, after the pause the doorbell asks for)."""
         if self._doorbell is None:
             return True
-        answer = await self._ask_doorbell(self._doorbell.before_sleep())
+        answer = await self._ask_doorbell(self._doorbell.before_sleep(time.monotonic()))
         if answer is None:
             return True
         self._wakeups.expect(answer.next_turn_at, datetime.now(timezone.utc))
-        pause = self._doorbell.answered(answer)
+        pause = self._doorbell.answered(answer, time.monotonic())
         if pause is not None:
             await self._wait(pause)
         return False
@@ -224,19 +236,23 @@ class AsyncWorker(Generic[T]):
             if message.channel == periodic.PERIODIC_CHANNEL:
                 _work.report_tick(await self.queue.periodic_tick(message))
                 return
+            stopping = False
             try:
                 await self.handler(message)
-            except Exception as exc:
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:  # not CancelledError
                 settlement = _work.after_failure(message, exc, self.options)
+                stopping = _work.stops_worker(exc)
             else:
                 settlement = _work.SUCCESS
             _work.report_settlement(message, settlement, await settle(message, settlement))
+            if stopping:
+                self.stop()
         except Exception:
             # The settlement itself failed (database gone?): the lock expires and the
             # message comes back; nothing else to do here.
             log.exception("message %s: could not be settled", message.id)
         finally:
-            self._running.pop(message.id, None)
+            self._running.pop(_work.delivery(message), None)
             self._wake.set()
 
     async def _heartbeat_loop(self) -> None:
@@ -249,16 +265,17 @@ class AsyncWorker(Generic[T]):
                 except psycopg.Error:
                     log.warning("message %s: heartbeat failed", message.id, exc_info=True)
                     continue
-                _work.report_heartbeat(message, status)
+                if _work.delivery(message) in self._running:  # else settled meanwhile
+                    _work.report_heartbeat(message, status)
 
     # -- stopping -------------------------------------------------------------------
 
-    async def _drain(self) -> None:
-        """Waits up to the grace period for handlers, then hands back what still runs
-        and cancels its task (its outcome no longer counts: the message is not ours)."""
+    async def _drain(self, grace: timedelta) -> None:
+        """Waits up to ``grace`` for handlers, then hands back what still runs and
+        cancels its task (its outcome no longer counts: the message is not ours)."""
         tasks = [task for _, task in self._running.values()]
-        if tasks:
-            await asyncio.wait(tasks, timeout=self.options.grace_period.total_seconds())
+        if tasks and grace > timedelta(0):
+            await asyncio.wait(tasks, timeout=grace.total_seconds())
         left = list(self._running.values())
         for message, _ in left:
             try:

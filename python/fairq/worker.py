@@ -75,7 +75,7 @@ class Worker(Generic[T]):
         self._stopping = threading.Event()
         self._finished = threading.Event()  # run() is over: background threads quit
         self._wake = threading.Event()
-        self._in_flight: dict[int, Message[T]] = {}
+        self._in_flight: dict[tuple[int, int], Message[T]] = {}  # by _work.delivery
         self._in_flight_changed = threading.Condition()
         self._todo: stdqueue.SimpleQueue[Message[T]] = stdqueue.SimpleQueue()
 
@@ -150,13 +150,16 @@ class Worker(Generic[T]):
                 continue
             with self._in_flight_changed:
                 for message in messages:
-                    self._in_flight[message.id] = message
+                    self._in_flight[_work.delivery(message)] = message
             for message in messages:
                 self._todo.put(message)
             if len(messages) == free:
                 if self._doorbell is not None:
                     self._ask_doorbell(self._doorbell.busy())
-            elif self._may_sleep():
+                continue
+            if messages and self._doorbell is not None:
+                self._doorbell.took_work()
+            if self._may_sleep():
                 self._wait(self._wakeups.idle_timeout(datetime.now(timezone.utc)))
 
     def _may_sleep(self) -> bool:
@@ -164,11 +167,11 @@ class Worker(Generic[T]):
         for work first, after the pause the doorbell asks for)."""
         if self._doorbell is None:
             return True
-        answer = self._ask_doorbell(self._doorbell.before_sleep())
+        answer = self._ask_doorbell(self._doorbell.before_sleep(time.monotonic()))
         if answer is None:
             return True
         self._wakeups.expect(answer.next_turn_at, datetime.now(timezone.utc))
-        pause = self._doorbell.answered(answer)
+        pause = self._doorbell.answered(answer, time.monotonic())
         if pause is not None:
             self._wait(pause)
         return False
@@ -220,7 +223,7 @@ class Worker(Generic[T]):
                 log.exception("message %s: could not be settled", message.id)
             finally:
                 with self._in_flight_changed:
-                    self._in_flight.pop(message.id, None)
+                    self._in_flight.pop(_work.delivery(message), None)
                     self._in_flight_changed.notify_all()
                 self._wake.set()
 
@@ -228,13 +231,19 @@ class Worker(Generic[T]):
         if message.channel == periodic.PERIODIC_CHANNEL:
             _work.report_tick(self.queue.periodic_tick(message))
             return
+        stopping = False
         try:
-            self.handler(message)
-        except Exception as exc:
+            unrun = _work.not_awaited(self.handler(message))
+            if unrun is not None:
+                raise unrun
+        except BaseException as exc:  # a handler thread must outlive whatever it raises
             settlement = _work.after_failure(message, exc, self.options)
+            stopping = _work.stops_worker(exc)
         else:
             settlement = _work.SUCCESS
         _work.report_settlement(message, settlement, settle(message, settlement))
+        if stopping:
+            self.stop()
 
     def _heartbeat_loop(self) -> None:
         interval = self.options.heartbeat_interval.total_seconds()
@@ -247,7 +256,10 @@ class Worker(Generic[T]):
                 except psycopg.Error:
                     log.warning("message %s: heartbeat failed", message.id, exc_info=True)
                     continue
-                _work.report_heartbeat(message, status)
+                with self._in_flight_changed:  # settled meanwhile: nothing was lost
+                    running_still = _work.delivery(message) in self._in_flight
+                if running_still:
+                    _work.report_heartbeat(message, status)
 
     # -- stopping -------------------------------------------------------------------
 
