@@ -291,6 +291,20 @@ def test_invalid_arguments_raise_with_sqlstate(dsn: str) -> None:
             queue.dequeue(LOCK, 0)
 
 
+def test_a_due_time_is_dequeue_at_or_delay_never_both(dsn: str) -> None:
+    both = {"dequeue_at": datetime.now(timezone.utc), "delay": timedelta(seconds=1)}
+    with Queue(dsn) as queue:
+        with pytest.raises(ValueError, match="not both"):
+            queue.send("a", b"x", **both)
+        with pytest.raises(ValueError, match="not both"):
+            NewMessage("a", b"x", **both)
+        queue.send("a", b"x")
+        [msg] = queue.dequeue(LOCK)
+        with pytest.raises(ValueError, match="not both"):
+            msg.defer(**both)
+        assert msg.complete() is SettleStatus.COMPLETED  # the refused defer changed nothing
+
+
 def test_undecodable_content_reaches_the_receiver(dsn: str) -> None:
     with Queue(dsn) as raw_queue, Queue(dsn, codec=JsonCodec()) as queue:
         raw_queue.send("a", b"\xff not json")

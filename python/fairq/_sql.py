@@ -35,6 +35,7 @@ from fairq.types import (
     RetryStatus,
     SettleResult,
     SettleStatus,
+    require_one_due_time,
 )
 
 R = TypeVar("R")
@@ -160,6 +161,7 @@ def _create_result(id_: int | None, status: str) -> CreateResult:
 
 def create(channel: str, content: bytes, *, queue: str, dequeue_at: datetime | None,
            delay: timedelta | None, priority: int, dedup_key: str | None) -> Call[CreateResult]:
+    require_one_due_time(dequeue_at, delay)
     return Call(
         "SELECT id, status FROM fairq.message_create(p_channel => %(channel)s,"
         " p_content => %(content)s::bytea,"
@@ -248,6 +250,7 @@ def complete_batch(tokens: Sequence[tuple[int, int]]) -> Call[list[SettleResult]
 
 def defer(id_: int, num_attempts: int, *, dequeue_at: datetime | None, delay: timedelta | None,
           state: bytes | None) -> Call[SettleStatus]:
+    require_one_due_time(dequeue_at, delay)
     return Call(
         "SELECT fairq.message_defer(p_id => %(id)s, p_num_attempts => %(n)s,"
         " p_dequeue_at => coalesce(%(dequeue_at)s::timestamptz,"

@@ -37,6 +37,7 @@ __all__ = [
     "RetryStatus",
     "SettleResult",
     "SettleStatus",
+    "require_one_due_time",
 ]
 
 T = TypeVar("T")
@@ -95,6 +96,13 @@ class SettleResult:
     status: SettleStatus
 
 
+def require_one_due_time(dequeue_at: datetime | None, delay: timedelta | None) -> None:
+    """A message's due time is ``dequeue_at`` or ``delay``: given both, one would be
+    dropped without a word."""
+    if dequeue_at is not None and delay is not None:
+        raise ValueError(f"give dequeue_at or delay, not both (got {dequeue_at!r} and {delay!r})")
+
+
 @dataclass(frozen=True)
 class NewMessage(Generic[T]):
     """One element of ``send_many``. ``delay`` counts from the database's clock."""
@@ -105,6 +113,9 @@ class NewMessage(Generic[T]):
     delay: timedelta | None = None
     priority: int = 0
     dedup_key: str | None = None
+
+    def __post_init__(self) -> None:
+        require_one_due_time(self.dequeue_at, self.delay)
 
 
 @dataclass(frozen=True)
