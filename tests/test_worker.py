@@ -193,6 +193,18 @@ def test_a_handler_that_exits_fails_its_message_and_stops_the_worker(queue: Queu
             (first.id, "SystemExit: 3")]
 
 
+def test_run_leaves_no_thread_behind(queue: Queue[bytes]) -> None:
+    """0.7.26 left its handler threads waiting for work forever once run() returned:
+    a process that runs workers one after another gathered them."""
+    worker = Worker(queue, lambda message: None, concurrency=3, **FAST)
+    with running(worker):
+        pass
+    def left() -> list[str]:  # (the pool's own threads are the queue's, still open)
+        return [t.name for t in threading.enumerate()
+                if t.name.startswith(("fairq-handler", "fairq-heartbeat", "fairq-listen"))]
+    assert eventually(lambda: not left(), timeout=10), left()
+
+
 def test_failures_back_off_then_give_up(queue: Queue[bytes]) -> None:
     sent = queue.send("flaky", b"job")
     calls: list[tuple[int, float]] = []

@@ -77,7 +77,8 @@ class Worker(Generic[T]):
         self._wake = threading.Event()
         self._in_flight: dict[tuple[int, int], Message[T]] = {}  # by _work.delivery
         self._in_flight_changed = threading.Condition()
-        self._todo: stdqueue.SimpleQueue[Message[T]] = stdqueue.SimpleQueue()
+        # Messages for the handler threads; None tells one of them to end.
+        self._todo: stdqueue.SimpleQueue[Message[T] | None] = stdqueue.SimpleQueue()
 
     # -- control --------------------------------------------------------------------
 
@@ -106,6 +107,9 @@ class Worker(Generic[T]):
             self._drain()
         finally:
             self._finished.set()
+            for thread in threads:
+                if thread.name.startswith("fairq-handler"):
+                    self._todo.put(None)
             restore()
             if self._doorbell_conn is not None:
                 self._doorbell_conn.close()  # lets go of the doorbell
@@ -213,8 +217,7 @@ class Worker(Generic[T]):
     # -- doing work -----------------------------------------------------------------
 
     def _handler_loop(self) -> None:
-        while True:
-            message = self._todo.get()
+        while (message := self._todo.get()) is not None:
             try:
                 self._process(message)
             except Exception:
