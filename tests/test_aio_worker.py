@@ -325,6 +325,23 @@ def test_a_message_back_while_its_first_handler_runs_is_its_own_delivery(hdsn: s
     asyncio.run(scenario())
 
 
+def test_an_async_worker_runs_again_after_it_returned(hdsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            handled: list[bytes] = []
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                handled.append(message.content)
+
+            worker = AsyncWorker(queue, handler, **FAST)
+            for content in (b"first", b"second"):
+                await queue.send("c", content)
+                async with running(worker):
+                    await until(lambda content=content: content in handled)
+            assert handled == [b"first", b"second"]
+    asyncio.run(scenario())
+
+
 def test_periodic_drivers_are_ticked_not_handed_to_the_handler(hdsn: str) -> None:
     async def scenario() -> None:
         async with AsyncQueue(hdsn) as queue:

@@ -205,6 +205,16 @@ def test_run_leaves_no_thread_behind(queue: Queue[bytes]) -> None:
     assert eventually(lambda: not left(), timeout=10), left()
 
 
+def test_a_worker_runs_again_after_it_returned(queue: Queue[bytes], dsn: str) -> None:
+    handled: list[bytes] = []
+    worker = Worker(queue, lambda message: handled.append(message.content), **FAST)
+    for content in (b"first", b"second"):
+        queue.send("c", content)
+        with running(worker):
+            eventually(lambda content=content: content in handled)
+    assert handled == [b"first", b"second"]
+
+
 def test_failures_back_off_then_give_up(queue: Queue[bytes]) -> None:
     sent = queue.send("flaky", b"job")
     calls: list[tuple[int, float]] = []

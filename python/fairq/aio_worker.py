@@ -87,7 +87,9 @@ class AsyncWorker(Generic[T]):
         self._wake.set()
 
     async def run(self) -> None:
-        """Works until ``stop()`` (or SIGTERM/SIGINT when the loop runs in the main thread)."""
+        """Works until ``stop()`` (or SIGTERM/SIGINT when the loop runs in the main thread).
+        A worker may be run again once it has returned; a ``stop()`` before ``run()``
+        makes it return at once."""
         loop = asyncio.get_running_loop()
         self._loop = loop
         # Bound to this loop on first use; a worker may be run again in another one.
@@ -120,6 +122,9 @@ class AsyncWorker(Generic[T]):
             if self._doorbell_conn is not None:
                 await self._doorbell_conn.close()  # lets go of the doorbell
                 self._doorbell_conn = None
+            if self._doorbell is not None:
+                self._doorbell.lost()
+            self._stopping = False  # (0.7.26 kept it: a second run() returned at once)
 
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():

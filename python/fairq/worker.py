@@ -88,7 +88,10 @@ class Worker(Generic[T]):
         self._wake.set()
 
     def run(self) -> None:
-        """Works until ``stop()`` (or SIGTERM/SIGINT when called from the main thread)."""
+        """Works until ``stop()`` (or SIGTERM/SIGINT when called from the main thread).
+        A worker may be run again once it has returned; a ``stop()`` before ``run()``
+        makes it return at once."""
+        self._finished.clear()
         restore = self._install_signal_handlers()
         threads = [threading.Thread(target=self._handler_loop, daemon=True,
                                     name=f"fairq-handler-{i}")
@@ -113,11 +116,14 @@ class Worker(Generic[T]):
             restore()
             if self._doorbell_conn is not None:
                 self._doorbell_conn.close()  # lets go of the doorbell
+            if self._doorbell is not None:
+                self._doorbell.lost()
             # The LISTEN connection closes within one notifies() timeout: when run()
             # returns, the worker holds no connection of its own any more.
             for thread in threads:
                 if thread.name == "fairq-listen":
                     thread.join()
+            self._stopping.clear()  # (0.7.26 kept it: a second run() returned at once)
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
