@@ -238,21 +238,29 @@ def test_stop_lets_running_handlers_finish_and_takes_nothing_new(hdsn: str) -> N
     asyncio.run(scenario())
 
 
+class Endless:
+    """A handler that never finishes by itself; it records that it started and that it
+    was cancelled (make it inside the running loop)."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def __call__(self, message: AsyncMessage[bytes]) -> None:
+        self.started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
 def test_work_that_outlives_the_grace_period_is_handed_back_and_cancelled(hdsn: str) -> None:
     async def scenario() -> None:
         async with AsyncQueue(hdsn) as queue:
             sent = await queue.send("t", b"job")
-            started = asyncio.Event()
-            cancelled = asyncio.Event()
-
-            async def handler(message: AsyncMessage[bytes]) -> None:
-                started.set()
-                try:
-                    await asyncio.sleep(3600)  # never finishes by itself
-                except asyncio.CancelledError:
-                    cancelled.set()
-                    raise
-
+            handler = Endless()
+            started, cancelled = handler.started, handler.cancelled
             worker = AsyncWorker(queue, handler, lock=timedelta(seconds=30),
                                  grace_period=timedelta(milliseconds=300),
                                  poll_interval=FAST["poll_interval"])
@@ -275,17 +283,8 @@ def test_cancelling_run_hands_running_work_back_at_once(hdsn: str) -> None:
     async def scenario() -> None:
         async with AsyncQueue(hdsn) as queue:
             sent = await queue.send("t", b"job")
-            started = asyncio.Event()
-            cancelled = asyncio.Event()
-
-            async def handler(message: AsyncMessage[bytes]) -> None:
-                started.set()
-                try:
-                    await asyncio.sleep(3600)
-                except asyncio.CancelledError:
-                    cancelled.set()
-                    raise
-
+            handler = Endless()
+            started, cancelled = handler.started, handler.cancelled
             worker = AsyncWorker(queue, handler, lock=timedelta(seconds=30), **FAST)
             task = asyncio.create_task(worker.run())
             await asyncio.wait_for(started.wait(), TIMEOUT)
