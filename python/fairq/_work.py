@@ -26,6 +26,7 @@ from fairq.types import CreateStatus, ReceivedMessage, SettleStatus
 __all__ = [
     "DEFAULT_QUEUE",
     "HAND_BACK",
+    "STOPPING",
     "SUCCESS",
     "Backoff",
     "Doorbell",
@@ -35,9 +36,9 @@ __all__ = [
     "Wakeups",
     "after_failure",
     "delivery",
-    "not_awaited",
     "parse_event",
     "queue_name",
+    "refuse_awaitable",
     "report_hand_back",
     "report_heartbeat",
     "report_settlement",
@@ -237,8 +238,7 @@ class Doorbell:
         self.queue = queue
         self.poll_interval = poll_interval
         self.held = False
-        self.quiet = False
-        self._quiet_heard_at: float | None = None  # monotonic seconds
+        self._quiet_heard_at: float | None = None  # monotonic seconds; None: not heard
         self._pause = self.FIRST_PAUSE
 
     def before_sleep(self, now: float) -> _sql.Call[_sql.DoorbellAnswer] | None:
@@ -246,10 +246,10 @@ class Doorbell:
         ``now``: monotonic seconds. "Quiet" counts for one poll interval: then the
         worker asks again, which tells it when waiting channels come due and finds a
         doorbell session the server has lost (restart, idle timeout, a proxy)."""
-        if (self.held and self.quiet and self._quiet_heard_at is not None
+        if (self.held and self._quiet_heard_at is not None
                 and now - self._quiet_heard_at < self.poll_interval.total_seconds()):
             return None
-        self.quiet = False
+        self._quiet_heard_at = None
         return _sql.doorbell_quiet(self.queue) if self.held else _sql.doorbell_hold(self.queue)
 
     def answered(self, answer: _sql.DoorbellAnswer, now: float) -> timedelta | None:
@@ -257,7 +257,6 @@ class Doorbell:
         sleep if that finds nothing)."""
         self.held = self.held or answer.held
         if answer.quiet:
-            self.quiet = True
             self._quiet_heard_at = now
             self._pause = self.FIRST_PAUSE
             return None
@@ -269,7 +268,7 @@ class Doorbell:
         """A dequeue handed out messages but left slots free: before sleeping, ask
         again (its answer says when the channels just served may be served again: a
         rate limit's next release, say)."""
-        self.quiet = False
+        self._quiet_heard_at = None
 
     def busy(self) -> _sql.Call[None] | None:
         """Every free slot taken: what lets go of the doorbell (None if not held)."""
@@ -280,7 +279,7 @@ class Doorbell:
 
     def lost(self) -> None:
         """The session that held the doorbell is gone (and with it the lock)."""
-        self.held = self.quiet = False
+        self.held = False
         self._quiet_heard_at = None
         self._pause = self.FIRST_PAUSE
 
@@ -310,22 +309,26 @@ def delivery(message: ReceivedMessage[Any]) -> tuple[int, int]:
     return (message.id, message.num_attempts)
 
 
+# A handler that raises one of these fails its message like any other exception, and
+# then stops its worker (as it would stop the process), which finishes or hands back
+# the rest.
+STOPPING = (SystemExit, KeyboardInterrupt)
+
+
 def stops_worker(exc: BaseException) -> bool:
-    """A handler that raises SystemExit or KeyboardInterrupt fails its message like
-    any other exception, and then stops its worker (as it would stop the process),
-    which finishes or hands back the rest."""
-    return isinstance(exc, (SystemExit, KeyboardInterrupt))
+    return isinstance(exc, STOPPING)
 
 
-def not_awaited(result: object) -> TypeError | None:
+def refuse_awaitable(result: object) -> None:
     """A plain Worker's handler that returned an awaitable did not run its body: an
     ``async def`` handler (maybe behind a decorator) given to ``Worker`` instead of
-    ``AsyncWorker``. Its message fails rather than completing unrun."""
+    ``AsyncWorker``. Raised as the handler's failure, so that its message fails
+    rather than completing unrun."""
     if not inspect.isawaitable(result):
-        return None
+        return
     if inspect.iscoroutine(result):
         result.close()  # never awaited: no RuntimeWarning at garbage collection
-    return TypeError("the handler returned an awaitable: an async handler needs AsyncWorker")
+    raise TypeError("the handler returned an awaitable: an async handler needs AsyncWorker")
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,6 @@ class AsyncWorker(Generic[T]):
             # run() itself was cancelled (a TaskGroup, wait_for, an application's
             # shutdown): no grace, the caller wants it gone; what runs is handed back
             # at once rather than left to lapse, and its tasks are cancelled.
-            self._stopping = True
             await self._drain(timedelta(0))
             raise
         finally:
@@ -244,7 +243,7 @@ class AsyncWorker(Generic[T]):
             stopping = False
             try:
                 await self.handler(message)
-            except (Exception, SystemExit, KeyboardInterrupt) as exc:  # not CancelledError
+            except (Exception, *_work.STOPPING) as exc:  # not CancelledError: that is ours
                 settlement = _work.after_failure(message, exc, self.options)
                 stopping = _work.stops_worker(exc)
             else:

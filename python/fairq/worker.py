@@ -242,9 +242,7 @@ class Worker(Generic[T]):
             return
         stopping = False
         try:
-            unrun = _work.not_awaited(self.handler(message))
-            if unrun is not None:
-                raise unrun
+            _work.refuse_awaitable(self.handler(message))
         except BaseException as exc:  # a handler thread must outlive whatever it raises
             settlement = _work.after_failure(message, exc, self.options)
             stopping = _work.stops_worker(exc)
