@@ -97,6 +97,12 @@ BEGIN
         PERFORM fairq.require_finite(p_dequeue_ats[v_bad], format('p_dequeue_ats[%s]', v_bad));
     END IF;
 
+    IF v_count = 0 THEN
+        -- Nothing to create, so no queue is made for it (queues.sql): the name is only
+        -- checked.
+        PERFORM fairq.require_channel_name(p_queue, 'p_queue');
+        RETURN;
+    END IF;
     v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
     -- Per element: the first element with its channel and dedup key, and when it falls
     -- due if it is that first (a channel made below is made due by its earliest).

@@ -23,8 +23,8 @@
 --     dead, cancelled) leaves exactly one row in fairq.message_history;
 --   * a dead letter keeps everything needed to put the message back.
 
--- Whether a call should send its event. fairq.events = 'doorbell' (the default) and
--- 'wake' ('on' too) send only the events that may wake a sleeping worker: the call
+-- Whether a call should send its event. fairq.events (read by fairq.events_setting)
+-- = 'doorbell' (the default) and 'wake' ('on' too) send only the events that may wake a sleeping worker: the call
 -- made work available that was not (p_wakes); with 'doorbell' the caller then also
 -- asks fairq.worker_sleeps. 'all' sends every event, 'off' none. Every NOTIFY holds
 -- a database-wide lock from commit until its WAL is flushed, so events that wake
@@ -32,11 +32,7 @@
 CREATE FUNCTION fairq.events_wanted(p_wakes boolean) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
-    SELECT CASE coalesce(current_setting('fairq.events', true), '')
-               WHEN 'all' THEN true
-               WHEN 'off' THEN false WHEN 'false' THEN false WHEN '0' THEN false
-               ELSE p_wakes
-           END
+    SELECT CASE fairq.events_setting() WHEN 'all' THEN true WHEN 'off' THEN false ELSE p_wakes END
 $$;
 
 -- For a call about to send wake events of queue p_queue_id (fairq.events_wanted said
@@ -51,7 +47,7 @@ AS $$
 DECLARE
     v_key integer;
 BEGIN
-    IF coalesce(current_setting('fairq.events', true), '') NOT IN ('', 'doorbell') THEN
+    IF fairq.events_setting() <> 'doorbell' THEN
         RETURN true;
     END IF;
     v_key := fairq.queue_lock_key((SELECT q.name FROM fairq.queue q WHERE q.id = p_queue_id));
@@ -147,7 +143,7 @@ RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1') THEN
+    IF fairq.setting_on('fairq.history') THEN
         INSERT INTO fairq.message_history
             (id, channel, priority, created_at, first_dequeued_at, settled_at, num_attempts, outcome, queue)
         VALUES (p_message.id, p_channel, p_message.priority, p_message.created_at,

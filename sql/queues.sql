@@ -3,8 +3,9 @@
 --
 -- Invariants:
 --   * a queue exists from the first call that names it (a producer, a policy or a
---     pause); a call that only reads or undoes (dequeue, resume, clear, purge) never
---     creates one: for an unknown queue there is nothing to do;
+--     pause); a call that only reads or undoes (dequeue, resume, clear, purge), or
+--     creates no message (an empty batch), never creates one: for an unknown queue
+--     there is nothing to do;
 --   * a queue's name follows the channel-name rules (fairq.require_channel_name);
 --   * a paused queue hands nothing out until the pause ends; creates, settlements,
 --     heartbeats and the recovery of expired locks go on (the dequeue checks the

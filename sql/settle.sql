@@ -124,7 +124,7 @@ BEGIN
     END IF;
     PERFORM fairq.record_history(d, c.name, 'completed', v_now)
        FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
-      WHERE c.id = ANY (v_channel_ids) AND coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1');
+      WHERE c.id = ANY (v_channel_ids) AND fairq.setting_on('fairq.history');
 
     -- Free the capped channels' slots (the set-based form of fairq.channel_unlock). A
     -- freed slot wakes workers where the channel was full and has work waiting.

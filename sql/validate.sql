@@ -189,3 +189,62 @@ BEGIN
     RETURN v_value;
 END
 $$;
+
+-- A setting that holds a boolean (fairq.history), read as PostgreSQL reads its own:
+-- on/off, true/false, yes/no, 1/0 in any case, or a unique prefix of one; unset or
+-- empty means off. Anything else fails the call that reads it with 22023 naming the
+-- setting: 'enabled' must not quietly mean off. (The usual spellings are decided
+-- here, in a SQL function inlined into its callers; only others pay for the cast
+-- in fairq.setting_boolean's subtransaction.)
+CREATE FUNCTION fairq.setting_boolean(p_setting text) RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_text text := current_setting(p_setting, true);
+BEGIN
+    BEGIN
+        RETURN v_text::boolean;
+    EXCEPTION WHEN invalid_text_representation THEN
+        RAISE EXCEPTION 'setting % must be a boolean (on or off), got %', p_setting, quote_literal(v_text)
+            USING ERRCODE = '22023';
+    END;
+END
+$$;
+
+CREATE FUNCTION fairq.setting_on(p_setting text) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE lower(coalesce(current_setting(p_setting, true), ''))
+               WHEN '' THEN false WHEN 'off' THEN false WHEN 'on' THEN true
+               ELSE fairq.setting_boolean(p_setting)
+           END
+$$;
+
+-- The setting fairq.events (events.sql says what each value sends): doorbell (also
+-- when unset or empty), wake, all or off, in any case; a boolean spelling is taken
+-- as wake (on) or off. Anything else fails the call that reads it with 22023 naming
+-- the setting: a mistyped value must not quietly change which events are sent.
+CREATE FUNCTION fairq.events_setting_spelled() RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_text text := current_setting('fairq.events', true);
+BEGIN
+    BEGIN
+        RETURN CASE WHEN v_text::boolean THEN 'wake' ELSE 'off' END;
+    EXCEPTION WHEN invalid_text_representation THEN
+        RAISE EXCEPTION 'setting fairq.events must be doorbell, wake, all or off, got %', quote_literal(v_text)
+            USING ERRCODE = '22023';
+    END;
+END
+$$;
+
+CREATE FUNCTION fairq.events_setting() RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE lower(coalesce(current_setting('fairq.events', true), ''))
+               WHEN '' THEN 'doorbell' WHEN 'doorbell' THEN 'doorbell' WHEN 'wake' THEN 'wake'
+               WHEN 'all' THEN 'all' WHEN 'off' THEN 'off' WHEN 'on' THEN 'wake'
+               ELSE fairq.events_setting_spelled()
+           END
+$$;

@@ -7,6 +7,7 @@ Each round-trip test runs the same scenario twice: through ``Queue`` and through
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -25,6 +26,7 @@ from fairq import (
     RetryStatus,
     SettleStatus,
     TextCodec,
+    _pools,
 )
 
 LOCK = timedelta(seconds=30)
@@ -283,6 +285,61 @@ def test_queue_on_pools(dsn: str) -> None:
     asyncio.run(scenario())
 
 
+def test_a_call_without_conn_inside_a_transaction_on_a_shared_connection_joins_it(
+        dsn: str) -> None:
+    """It waited for the lock its own block held, for ever: run where a hang fails."""
+    def body() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            queue = Queue(conn)
+            with pytest.raises(RuntimeError, match="roll back"), queue.transaction():
+                queue.send("a", b"1")  # no conn=: joins the open transaction
+                raise RuntimeError("roll back")
+            assert queue.dequeue(LOCK) == []  # rolled back with the block
+
+    done = threading.Thread(target=body, daemon=True)
+    done.start()
+    done.join(30)
+    assert not done.is_alive(), "the call waited for its own transaction's lock"
+
+    async def scenario() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            aqueue = AsyncQueue(aconn)
+            with pytest.raises(RuntimeError, match="roll back"):
+                async with aqueue.transaction():
+                    await aqueue.send("a", b"2")
+                    raise RuntimeError("roll back")
+            assert await aqueue.dequeue(LOCK) == []
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def _drop_sessions(dsn: str) -> None:
+    """Ends every other session of the test's database, as a server restart would."""
+    others = ("SELECT pid FROM pg_stat_activity"
+              " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"SELECT pg_terminate_backend(pid) FROM ({others}) o")
+        while admin.execute(others).fetchone():
+            pass  # gone once the backends have exited
+
+
+def test_an_owned_pool_replaces_a_connection_the_server_dropped(
+        dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As after a server restart: the pooled connection is dead, and the next call
+    still goes through (each pooled connection failed once)."""
+    monkeypatch.setattr(_pools, "CHECK_AFTER_S", 0.0)  # every return counts as idle long
+    with Queue(dsn) as queue:
+        queue.send("a", b"1")
+        _drop_sessions(dsn)
+        assert queue.send("a", b"2").status is CreateStatus.CREATED
+
+    async def scenario() -> None:
+        async with AsyncQueue(dsn) as aqueue:
+            await aqueue.send("a", b"3")
+            _drop_sessions(dsn)
+            assert (await aqueue.send("a", b"4")).status is CreateStatus.CREATED
+    asyncio.run(scenario())
+
+
 def test_invalid_arguments_raise_with_sqlstate(dsn: str) -> None:
     with Queue(dsn) as queue:
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="p_channel"):
@@ -303,6 +360,53 @@ def test_a_due_time_is_dequeue_at_or_delay_never_both(dsn: str) -> None:
         with pytest.raises(ValueError, match="not both"):
             msg.defer(**both)
         assert msg.complete() is SettleStatus.COMPLETED  # the refused defer changed nothing
+
+
+def test_a_negative_duration_below_a_millisecond_is_refused(dsn: str) -> None:
+    with Queue(dsn) as queue:
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="p_release_interval_ms"):
+            queue.channel_set("a", release_interval=timedelta(microseconds=-1))
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="p_lock_ms"):
+            queue.dequeue(timedelta(microseconds=-1))
+        assert queue.channels() == []
+
+
+def test_raw_content_must_be_bytes_like(dsn: str) -> None:
+    """bytes(5) is five zero bytes: an int sent as content was stored as that."""
+    with Queue(dsn) as queue:
+        for wrong in (5, [104, 105], "text"):
+            with pytest.raises(TypeError, match="content must be bytes"):
+                queue.send("a", wrong)  # type: ignore[arg-type]
+        for right in (b"x", bytearray(b"x"), memoryview(b"x")):
+            assert queue.send("a", right).status is CreateStatus.CREATED  # type: ignore[arg-type]
+        assert {m.raw for m in queue.dequeue(LOCK, 10)} == {b"x"}
+        assert queue.stats().size == 3
+
+
+def test_a_naive_datetime_is_refused_before_anything_is_sent(dsn: str) -> None:
+    """PostgreSQL reads a naive datetime in the session's time zone, not the caller's:
+    datetime.now() in Tokyo scheduled a message nine hours late."""
+    naive = datetime.now() + timedelta(hours=1)
+    with Queue(dsn) as queue:
+        calls = {
+            "dequeue_at": [lambda: queue.send("a", b"x", dequeue_at=naive),
+                           lambda: NewMessage("a", b"x", dequeue_at=naive)],
+            "until": [lambda: queue.pause(naive), lambda: queue.channel_pause("a", naive)],
+            "before": [lambda: queue.dead_letter_purge(naive), lambda: queue.history_prune(naive)],
+            "since": [lambda: queue.history(since=naive)],
+            "start_at": [lambda: queue.schedule_periodic("p", timedelta(minutes=1), "a", b"x",
+                                                         start_at=naive)],
+        }
+        for name, refused in calls.items():
+            for call in refused:
+                with pytest.raises(ValueError, match=f"{name} must be timezone-aware"):
+                    call()
+        queue.send("a", b"x")
+        [msg] = queue.dequeue(LOCK)
+        with pytest.raises(ValueError, match="dequeue_at must be timezone-aware"):
+            msg.defer(dequeue_at=naive)
+        assert msg.complete() is SettleStatus.COMPLETED
+        assert queue.stats().size == 0 and queue.stats().paused_until is None
 
 
 def test_undecodable_content_reaches_the_receiver(dsn: str) -> None:

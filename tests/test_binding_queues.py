@@ -276,6 +276,24 @@ def test_infinite_timestamps_load_as_datetime_max_and_min(conn: psycopg.Connecti
                    datetime(2030, 1, 2, 3, 4, 5, 678000, tzinfo=UTC))
 
 
+def test_a_pause_until_datetime_max_lists_in_any_time_zone(
+        queues: tuple[Queue[bytes], ...], conn: psycopg.Connection[Any]) -> None:
+    """datetime.max is finite in PostgreSQL: east of UTC it prints in the year 10000,
+    which psycopg refuses; every listing of the database failed, and the worker's
+    doorbell with it."""
+    _, emails, _ = queues
+    emails.pause(FOREVER)
+    emails.channel_pause("a", FOREVER)
+    conn.execute("SET TimeZone = 'Asia/Tokyo'")
+    tokyo = Queue(conn, name="emails")
+    assert tokyo.stats().paused_until == FOREVER
+    assert [c.paused_until for c in tokyo.channels()] == [FOREVER]
+    with conn.cursor() as cur:
+        register(cur)
+        row = cur.execute("SELECT '0001-01-01 00:00:00+00 BC'::timestamptz").fetchone()
+    assert row == (datetime.min.replace(tzinfo=UTC),)
+
+
 def test_infinity_loads_on_every_source_and_leaves_the_callers_connection_alone(
         dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:

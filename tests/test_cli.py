@@ -12,6 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from fairq import Queue
 from test_install import CURRENT, later, plain_dsn, upgrade_dir  # noqa: F401  (plain_dsn: fixture)
 from test_worker import _log, _worker_process, eventually
 
@@ -43,12 +44,46 @@ def test_help_and_usage_errors() -> None:
     assert missing_handler.returncode == 2 and "no_such_module" in missing_handler.stderr
 
 
+@pytest.mark.parametrize("args", [("send", "a", "x", "--delay", "inf"),
+                                  ("send", "a", "x", "--delay", "1e20"),
+                                  ("send", "a", "x", "--delay", "-1"),
+                                  ("worker", "json:loads", "--concurrency", "0"),
+                                  ("worker", "json:loads", "--lock", "0"),
+                                  ("worker", "json:loads", "--poll", "-1")])
+def test_out_of_range_options_are_usage_errors(dsn: str, args: tuple[str, ...]) -> None:
+    """They ended in a traceback (OverflowError, or Worker's ValueError) and exit 1."""
+    result = fairq("--dsn", dsn, *args)
+    assert (result.returncode, "Traceback" in result.stderr) == (2, False), result.stderr
+
+
 def test_bench_demo_and_report_are_handed_their_own_command_line() -> None:
     for command in ("bench", "demo", "report"):
         result = fairq(command, "--help")
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"usage: fairq {command}"), result.stdout
     assert "bench" in fairq("--help").stdout
+
+
+SECRET = "Hunter2"
+MALFORMED_DSNS = [f"postgresql://app:{SECRET}%zz@127.0.0.1:1/app",
+                  f"host=127.0.0.1 port=1 user=app password={SECRET} phrase dbname=app"]
+
+
+@pytest.mark.parametrize("command", [("stats",), ("report", "--out", "x"), ("dashboard",),
+                                     ("metrics", "--once"), ("bench",), ("demo",)])
+@pytest.mark.parametrize("malformed", MALFORMED_DSNS, ids=["url", "keywords"])
+def test_a_malformed_dsn_is_a_usage_error_that_does_not_show_it(
+        command: tuple[str, ...], malformed: str) -> None:
+    """libpq quotes the text it cannot parse, which may be the password: it was printed
+    (in a traceback for the report, and in a log line at each retry of a worker)."""
+    for args in ((f"--dsn={malformed}", *command), ("--dsn", malformed, *command)):
+        result = fairq(*args)
+        assert (result.returncode, SECRET in result.stdout + result.stderr) == (2, False), (
+            result.stderr)
+        assert "malformed" in result.stderr
+    with pytest.raises(ValueError, match="malformed") as excinfo:
+        Queue(malformed)
+    assert SECRET not in str(excinfo.value)
 
 
 def test_channel_send_stats_and_dead_letters(dsn: str) -> None:
@@ -180,6 +215,25 @@ def test_queues_weights_and_pauses(dsn: str, monkeypatch: pytest.MonkeyPatch) ->
     assert ok("queue", "resume", "emails") == "queue emails: resumed\n"
     assert ok("queue", "resume", "emails") == "queue emails: was not paused\n"
     assert paused_until(queue) is None
+
+
+def test_tenant_text_cannot_drive_the_terminal(dsn: str) -> None:
+    """A channel name and an error text with an escape sequence and a newline: shown
+    escaped, one row each."""
+    hostile = "t\x1b]0;owned\x07\x1b[2J\nforged  9  9"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(2):  # one dies, one stays to be listed
+            conn.execute("SELECT fairq.message_create(%s, 'x', p_queue => 'esc')", [hostile])
+        [(id_, n)] = conn.execute(
+            "SELECT id, num_attempts FROM fairq.message_dequeue(30000, p_queue => 'esc')").fetchall()
+        conn.execute("SELECT fairq.message_fail(%s, %s, %s)", [id_, n, hostile])
+    # stats: the queue's table and the channels' table, each a header and one row
+    for args, lines in ((("stats", "--queue", "esc"), 4), (("dead", "list", "--queue", "esc"), 2)):
+        result = fairq("--dsn", dsn, *args)
+        assert result.returncode == 0, result.stderr
+        assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+        assert len(table(result.stdout)) == lines, result.stdout
+        assert "\\x1b]0;owned" in result.stdout
 
 
 def test_queue_and_pause_errors(dsn: str) -> None:

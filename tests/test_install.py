@@ -176,6 +176,22 @@ def test_upgrade_applies_scripts_in_order(plain_dsn: str, tmp_path: Path) -> Non
         assert upgrade(conn, scripts) == []  # already there
 
 
+def test_a_script_runs_as_create_extension_runs_it(plain_dsn: str, tmp_path: Path) -> None:
+    """Function bodies are not checked as they are created (CREATE EXTENSION turns
+    check_function_bodies off): an SQL function may call one created after it."""
+    _installed(plain_dsn)
+    [following] = later(1)
+    scripts = upgrade_dir(tmp_path, [following])
+    (scripts.directory / f"fairq--{CURRENT}--{following}.sql").write_text(
+        '\\echo Use "ALTER EXTENSION fairq UPDATE" to load this file. \\quit\n'
+        "CREATE FUNCTION fairq.asks() RETURNS text LANGUAGE sql AS $$ SELECT fairq.answers() $$;\n"
+        "CREATE FUNCTION fairq.answers() RETURNS text LANGUAGE sql AS $$ SELECT 'yes' $$;\n")
+    with psycopg.connect(plain_dsn) as conn:
+        upgrade(conn, scripts)
+        assert conn.execute("SELECT fairq.asks(), current_setting('check_function_bodies')"
+                            ).fetchone() == ("yes", "on")
+
+
 def test_upgrade_without_a_path_or_an_install_changes_nothing(plain_dsn: str,
                                                             tmp_path: Path) -> None:
     with psycopg.connect(plain_dsn) as conn, pytest.raises(InstallError, match="not installed"):

@@ -187,6 +187,57 @@ def test_content_kinds_schedule_priority_and_drops(
         enqueue(df, conn.info.dsn, channel="ch", content="n")
 
 
+def test_dedup_keys_see_microseconds_and_no_session_time_zone(
+        spark: Any, conn: psycopg.Connection[Any]) -> None:
+    """to_json wrote times to the millisecond in the session's zone: two rows a few
+    microseconds apart got one key (one job lost as a duplicate), and one row two keys
+    in two zones (a rerun elsewhere enqueued it again). Struct content the same."""
+    from pyspark.sql import functions as F
+
+    from fairq.spark import dedup_key_from, enqueue
+
+    at = datetime(2030, 1, 1, 12, tzinfo=timezone.utc)
+    rows = [("t", at + timedelta(microseconds=100), "a"), ("t", at + timedelta(microseconds=200), "b")]
+    df = spark.createDataFrame(rows, "tenant string, event_at timestamp, job string")
+    result = enqueue(df, conn.info.dsn, channel="tenant", content=F.struct("event_at"),
+                     dedup_key=dedup_key_from("tenant", "event_at"))
+    assert (result.created, result.duplicate) == (2, 0)
+    assert [r[0] for r in conn.execute("SELECT content FROM fairq.message ORDER BY content")] == [
+        b'{"event_at":"2030-01-01T12:00:00.000100Z"}',
+        b'{"event_at":"2030-01-01T12:00:00.000200Z"}']
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    keys = []
+    try:
+        for name in ("UTC", "Asia/Tokyo"):
+            spark.conf.set("spark.sql.session.timeZone", name)
+            keys.append(df.select(dedup_key_from("tenant", "event_at")).first()[0])
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    assert keys[0] == keys[1]
+
+
+def test_bad_rows_fail_clearly(spark: Any, conn: psycopg.Connection[Any]) -> None:
+    from fairq.spark import enqueue
+
+    nulls = spark.createDataFrame([("c", None)], "c string, b string")
+    with pytest.raises(Exception, match="content must not be NULL") as excinfo:
+        enqueue(nulls, conn.info.dsn, channel="c", content="b")
+    assert "NullValueNotAllowed" in str(excinfo.value)  # SQLSTATE 22004, as the SQL's
+    doubles = spark.createDataFrame([("c", "x", 1.9)], "c string, b string, p double")
+    with pytest.raises(TypeError, match="priority must be an integer"):
+        enqueue(doubles, conn.info.dsn, channel="c", content="b", priority="p")
+    assert landed(conn)[0] == 0
+
+
+def test_chunks_cut_by_rows_and_by_content_bytes() -> None:
+    from fairq.spark.messages import chunks
+
+    rows = [("c", b"x" * size) for size in (10, 10, 10, 40, 1, 1)]
+    assert [[len(r[1]) for r in chunk] for chunk in chunks(rows, 100, max_bytes=25)] == [
+        [10, 10], [10], [40], [1, 1]]  # a row larger than the budget goes alone
+    assert [len(chunk) for chunk in chunks(rows, 4)] == [4, 2]
+
+
 def test_bench_enqueue_reports_a_rate(spark: Any, conn: psycopg.Connection[Any]) -> None:
     from fairq.spark import bench_enqueue
 
@@ -340,12 +391,19 @@ def test_jdbc_url_from_libpq_dsn() -> None:
 BASE = datetime(2030, 1, 1, 10, 0, tzinfo=timezone.utc)
 
 
+# matplotlib reads $...$ in a label as maths: this name made the report fail.
+DOLLARS = "x$\\frac$"
+
+
 def known_history(conn: psycopg.Connection[Any]) -> None:
-    """120 history rows over three channels and three hours, with ms-precision times."""
+    """120 history rows over four channels and three hours, with ms-precision times; a
+    channel "a" in a second queue is another channel."""
     rnd = random.Random(7)
     rows = []
     for i in range(120):
-        channel = rnd.choices(["a", "b", "c"], weights=[5, 3, 1])[0]
+        queue, channel = rnd.choices([("default", "a"), ("default", "b"), ("default", "c"),
+                                      ("default", DOLLARS), ("emails", "a")],
+                                     weights=[5, 3, 1, 1, 2])[0]
         created = BASE + timedelta(milliseconds=rnd.randrange(3 * 3600 * 1000))
         outcome = rnd.choices(["completed", "dead", "cancelled"], weights=[8, 2, 1])[0]
         first = None
@@ -353,11 +411,12 @@ def known_history(conn: psycopg.Connection[Any]) -> None:
             first = created + timedelta(milliseconds=rnd.randrange(1, 200_000))
         settled = (first or created) + timedelta(milliseconds=rnd.randrange(0, 60_000))
         attempts = 0 if first is None else rnd.choice([1, 1, 1, 2, 3])
-        rows.append((i + 1, channel, rnd.randrange(3), created, first, settled, attempts, outcome))
+        rows.append((i + 1, queue, channel, rnd.randrange(3), created, first, settled, attempts,
+                     outcome))
     with conn.cursor() as cur:
         cur.executemany("INSERT INTO fairq.message_history (id, queue, channel, priority, created_at,"
                         " first_dequeued_at, settled_at, num_attempts, outcome)"
-                        " VALUES (%s,'default',%s,%s,%s,%s,%s,%s,%s)", rows)
+                        " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)", rows)
 
 
 FIGURES = """
@@ -384,18 +443,18 @@ HISTORY = """(SELECT *, extract(epoch FROM first_dequeued_at - created_at)::floa
 FAIRNESS = """
 WITH h AS (SELECT * FROM fairq.message_history WHERE settled_at >= %(since)s),
 waiting AS (
-    SELECT DISTINCT channel, k FROM h,
+    SELECT DISTINCT queue, channel, k FROM h,
            generate_series(floor(extract(epoch FROM created_at) / %(w)s)::bigint,
                            floor(extract(epoch FROM coalesce(first_dequeued_at, settled_at))
                                  / %(w)s)::bigint) AS k),
 delivered AS (
-    SELECT channel, floor(extract(epoch FROM first_dequeued_at) / %(w)s)::bigint AS k,
+    SELECT queue, channel, floor(extract(epoch FROM first_dequeued_at) / %(w)s)::bigint AS k,
            count(*) AS x
-      FROM h WHERE first_dequeued_at IS NOT NULL GROUP BY 1, 2)
+      FROM h WHERE first_dequeued_at IS NOT NULL GROUP BY 1, 2, 3)
 SELECT to_timestamp(k * %(w)s) AS window_start, to_timestamp((k + 1) * %(w)s) AS window_end,
-       count(*) AS channels, sum(coalesce(x, 0))::bigint AS deliveries,
+       queue, count(*) AS channels, sum(coalesce(x, 0))::bigint AS deliveries,
        (sum(coalesce(x, 0))^2 / nullif(count(*) * sum(x * x), 0))::float8 AS jain_index
-  FROM waiting LEFT JOIN delivered USING (channel, k) GROUP BY k ORDER BY k"""
+  FROM waiting LEFT JOIN delivered USING (queue, channel, k) GROUP BY k, queue ORDER BY k, queue"""
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -431,32 +490,38 @@ def test_report_figures_equal_sql(spark: Any, conn: psycopg.Connection[Any],
             return [{k: _micros(v) if isinstance(v, datetime) else v for k, v in row.items()}
                     for row in cur.execute(query, params)]  # type: ignore[arg-type]
 
-    want_channels = sql(f"SELECT channel, {FIGURES} FROM {HISTORY} GROUP BY channel ORDER BY channel")
-    assert [r["channel"] for r in want_channels] == ["a", "b", "c"]
-    assert_same(sorted(parquet("channels"), key=lambda r: r["channel"]), want_channels, "channels")
+    want_channels = sql(f"SELECT queue, channel, {FIGURES} FROM {HISTORY} GROUP BY queue, channel"
+                        " ORDER BY queue, channel")
+    assert [(r["queue"], r["channel"]) for r in want_channels] == [
+        ("default", "a"), ("default", "b"), ("default", "c"), ("default", DOLLARS),
+        ("emails", "a")]
+    assert_same(sorted(parquet("channels"), key=lambda r: (r["queue"], r["channel"])),
+                want_channels, "channels")
     want_hours = sql(f"SELECT date_trunc('hour', settled_at, 'UTC') AS hour,"
-                     f" count(DISTINCT channel) AS channels, {FIGURES}"
+                     f" count(DISTINCT (queue, channel)) AS channels, {FIGURES}"
                      f" FROM {HISTORY} GROUP BY 1 ORDER BY 1")
     assert len(want_hours) >= 3
     assert_same(sorted(parquet("hours"), key=lambda r: r["hour"]), want_hours, "hours")
-    want_summary = sql(f"SELECT count(DISTINCT channel) AS channels, min(settled_at) AS"
+    want_summary = sql(f"SELECT count(DISTINCT (queue, channel)) AS channels, min(settled_at) AS"
                        f" first_settled_at, max(settled_at) AS last_settled_at, {FIGURES}"
                        f" FROM {HISTORY}")
     assert want_summary[0]["settled"] < 120  # --since left some out
     assert_same(parquet("summary"), want_summary, "summary")
-    assert_same(sorted(parquet("channel_hours"), key=lambda r: (r["hour"], r["channel"])),
-                sql("SELECT date_trunc('hour', settled_at, 'UTC') AS hour, channel,"
+    assert_same(sorted(parquet("channel_hours"),
+                       key=lambda r: (r["hour"], r["queue"], r["channel"])),
+                sql("SELECT date_trunc('hour', settled_at, 'UTC') AS hour, queue, channel,"
                     " count(*) AS settled, count(*) FILTER (WHERE outcome = 'completed')"
                     " AS completed FROM fairq.message_history WHERE settled_at >= %(since)s"
-                    " GROUP BY 1, 2 ORDER BY 1, 2"), "channel_hours")
-    assert_same(sorted(parquet("attempts"), key=lambda r: (r["channel"], r["num_attempts"])),
-                sql("SELECT channel, num_attempts, count(*) AS messages FROM"
-                    " fairq.message_history WHERE settled_at >= %(since)s GROUP BY 1, 2"
-                    " ORDER BY 1, 2"), "attempts")
+                    " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"), "channel_hours")
+    assert_same(sorted(parquet("attempts"),
+                       key=lambda r: (r["queue"], r["channel"], r["num_attempts"])),
+                sql("SELECT queue, channel, num_attempts, count(*) AS messages FROM"
+                    " fairq.message_history WHERE settled_at >= %(since)s GROUP BY 1, 2, 3"
+                    " ORDER BY 1, 2, 3"), "attempts")
     want_fairness = sql(FAIRNESS)
     assert len(want_fairness) > 10
     assert any(r["jain_index"] is not None and r["jain_index"] < 1 for r in want_fairness)
-    fairness = sorted(parquet("fairness"), key=lambda r: r["window_start"])
+    fairness = sorted(parquet("fairness"), key=lambda r: (r["window_start"], r["queue"]))
     assert_same(fairness, want_fairness, "fairness")
     summary = parquet("summary")[0]
     jains = [r["jain_index"] for r in want_fairness if r["jain_index"] is not None]
@@ -490,6 +555,7 @@ def test_report_of_an_empty_history(spark: Any, conn: psycopg.Connection[Any],
     assert report.main(["--dsn", conn.info.dsn, "--out", str(tmp_path)]) == 0
     summary = spark.read.parquet(str(tmp_path / "parquet" / "summary")).collect()
     assert summary[0]["settled"] == 0 and summary[0]["windows"] == 0
+    assert [summary[0][outcome] for outcome in ("completed", "dead", "cancelled")] == [0, 0, 0]
     assert "no history" not in (tmp_path / "index.html").read_text()  # charts say it
     assert (tmp_path / "charts" / "fairness.png").is_file()
 

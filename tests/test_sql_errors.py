@@ -356,6 +356,58 @@ def test_a_bad_dequeue_busy_wait_fails_the_dequeue_that_would_wait_naming_the_se
     assert [d.channel for d in dequeue(conn, n=3)] == ["busy", "busy"]
 
 
+@pytest.mark.parametrize(("setting", "value"), [("fairq.history", "enabled"),
+                                              ("fairq.history", "2"),
+                                              ("fairq.events", "banana"),
+                                              ("fairq.events", "doorbel")])
+def test_a_mistyped_setting_fails_the_call_that_reads_it_naming_the_setting(
+        conn: Conn, setting: str, value: str) -> None:
+    """A value fairq cannot read is refused, never taken for another: 'enabled' was
+    history off, 'doorbel' was every wake event."""
+    create(conn, "a")
+    d = dequeue_one(conn)
+    assert d is not None
+    before = snapshot(conn)
+    conn.execute("SELECT set_config(%s, %s, false)", (setting, value))
+    try:
+        with pytest.raises(psycopg.Error) as excinfo:
+            if setting == "fairq.history":
+                complete(conn, d)
+            else:
+                create(conn, "b")  # wakes its new channel
+    finally:
+        conn.execute(f"RESET {setting}")
+    error = excinfo.value
+    assert (error.sqlstate, setting in (error.diag.message_primary or "")) == (
+        INVALID, True), f"{error.sqlstate}: {error.diag.message_primary}"
+    assert snapshot(conn) == before
+    assert problems(conn) == []
+
+
+@pytest.mark.parametrize("value", ["on", "ON", "true", "yes", "Y", "1", " t "])
+def test_history_is_on_for_every_spelling_of_a_boolean_true(conn: Conn, value: str) -> None:
+    conn.execute("SELECT set_config('fairq.history', %s, false)", (value,))
+    try:
+        create(conn, "a")
+        d = dequeue_one(conn)
+        assert d is not None and complete(conn, d) == "completed"
+    finally:
+        conn.execute("RESET fairq.history")
+    assert conn.execute("SELECT outcome FROM fairq.message_history").fetchall() == [("completed",)]
+
+
+@pytest.mark.parametrize("value", ["", "off", "OFF", "false", "no", "0"])
+def test_history_is_off_when_unset_or_false(conn: Conn, value: str) -> None:
+    conn.execute("SELECT set_config('fairq.history', %s, false)", (value,))
+    try:
+        create(conn, "a")
+        d = dequeue_one(conn)
+        assert d is not None and complete(conn, d) == "completed"
+    finally:
+        conn.execute("RESET fairq.history")
+    assert conn.execute("SELECT count(*) FROM fairq.message_history").fetchone() == (0,)
+
+
 # -- Boundaries and extremes that are valid ---------------------------------------------
 
 

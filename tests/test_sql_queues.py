@@ -46,6 +46,18 @@ def test_a_dequeue_serves_only_its_own_queue(conn: Conn) -> None:
     assert problems(conn) == []
 
 
+def test_a_call_that_creates_nothing_makes_no_queue(conn: Conn) -> None:
+    """Dequeues, resumes and empty batches name a queue without making it (a stray
+    empty batch made one, and the queues view and dashboard showed it)."""
+    assert conn.execute("SELECT * FROM fairq.message_create_batch('{}', '{}', p_queue => 'ghost')"
+                        ).fetchall() == []
+    assert dequeue(conn, queue="ghost") == []
+    assert conn.execute("SELECT fairq.queue_resume('ghost')").fetchone() == (False,)
+    assert conn.execute("SELECT count(*) FROM fairq.queue WHERE name = 'ghost'").fetchone() == (0,)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="p_queue"):
+        conn.execute("SELECT * FROM fairq.message_create_batch('{}', '{}', p_queue => '')")
+
+
 def test_a_channel_name_in_two_queues_is_two_channels(conn: Conn) -> None:
     conn.execute("SELECT fairq.channel_set('acme', p_max_concurrency => 1, p_queue => 'emails')")
     for _ in range(2):

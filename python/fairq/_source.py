@@ -6,25 +6,48 @@ connection, derived from whatever the queue was built on.
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import psycopg
 from psycopg import pq
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 Source = (str | psycopg.Connection[Any] | ConnectionPool[Any]
           | psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any])
 
 
+def checked_conninfo(conninfo: str) -> str:
+    """``conninfo``, once libpq can read it. libpq's complaint about one it cannot
+    quotes the text it choked on, which may be the password: the ValueError raised
+    instead does not repeat it (neither do logs, tracebacks or a pool's retries)."""
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        raise ValueError("the connection string is malformed (not shown: it may hold a"
+                         " password)") from None
+    return conninfo
+
+
+def dsn_argument(text: str) -> str:
+    """An argparse ``type`` for ``--dsn``: :func:`checked_conninfo`, as a usage error
+    (which argparse prints without the value)."""
+    try:
+        return checked_conninfo(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def conninfo_of(source: Source) -> str | None:
     """A conninfo that opens a new connection to the same database as ``source``, or
     None for a pool whose conninfo is computed by a function.
 
-    A live connection's ``info.dsn`` omits the password, so it is put back.
+    A live connection's ``info.dsn`` omits the password, so it is put back. A string is
+    checked (:func:`checked_conninfo`).
     """
     if isinstance(source, str):
-        return source
+        return checked_conninfo(source)
     if isinstance(source, (ConnectionPool, AsyncConnectionPool)):
         if not isinstance(source.conninfo, str) or callable(source.kwargs):
             return None

@@ -35,6 +35,7 @@ from fairq.types import (
     RetryStatus,
     SettleResult,
     SettleStatus,
+    require_aware,
     require_one_due_time,
 )
 
@@ -54,8 +55,10 @@ class Call(Generic[R]):
 
 
 def milliseconds(duration: timedelta) -> int:
-    """A duration as the SQL's whole milliseconds, rounded up so that no lock is 0 ms."""
-    return math.ceil(duration / timedelta(milliseconds=1))
+    """A duration as the SQL's whole milliseconds, rounded away from zero: no lock is
+    0 ms, and a negative duration stays negative for the SQL to refuse (-1 µs was 0)."""
+    ms = duration / timedelta(milliseconds=1)
+    return math.ceil(ms) if ms >= 0 else math.floor(ms)
 
 
 def _scalar(rows: list[Row]) -> Any:
@@ -75,6 +78,7 @@ def _until(until: datetime | None) -> str:
 # -- queues -----------------------------------------------------------------------------
 
 def queue_pause(queue: str, until: datetime | None) -> Call[None]:
+    require_aware(until, "until")
     return Call(f"SELECT fairq.queue_pause(p_queue => %(queue)s::text{_until(until)})",
                 {"queue": queue, "until": until}, _none)
 
@@ -124,6 +128,7 @@ def channel_clear(channel: str, *, queue: str) -> Call[bool]:
 
 
 def channel_pause(channel: str, *, queue: str, until: datetime | None) -> Call[None]:
+    require_aware(until, "until")
     return Call(
         f"SELECT fairq.channel_pause(p_channel => %(channel)s{_until(until)},"
         " p_queue => %(queue)s::text)",
@@ -304,6 +309,7 @@ def dead_letter_delete(id_: int) -> Call[DeleteStatus]:
 
 def dead_letter_purge(before: datetime, *, queue: str | None) -> Call[int]:
     """Of ``queue``, or of every queue when None."""
+    require_aware(before, "before")
     return Call(
         "SELECT fairq.dead_letter_purge(p_before => %(before)s, p_queue => %(queue)s::text)",
         {"before": before, "queue": queue}, lambda rows: int(_scalar(rows)))
@@ -311,6 +317,7 @@ def dead_letter_purge(before: datetime, *, queue: str | None) -> Call[int]:
 
 def history(channel: str | None, since: datetime | None, limit: int, *,
             queue: str) -> Call[list[HistoryRecord]]:
+    require_aware(since, "since")
     return Call(
         "SELECT id, queue, channel, priority, created_at, first_dequeued_at, settled_at,"
         " num_attempts, outcome FROM fairq.message_history"
@@ -329,5 +336,6 @@ def _history_record(row: Row) -> HistoryRecord:
 
 
 def history_prune(before: datetime) -> Call[int]:
+    require_aware(before, "before")
     return Call("SELECT fairq.history_prune(p_before => %(before)s)", {"before": before},
                 lambda rows: int(_scalar(rows)))

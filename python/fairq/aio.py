@@ -17,6 +17,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from fairq import _sql, _timestamps, periodic
+from fairq._pools import owned_async_pool
 from fairq._source import conninfo_of
 from fairq.codecs import BytesCodec, Codec
 from fairq.types import (
@@ -42,12 +43,28 @@ R = TypeVar("R")
 AsyncConnection = psycopg.AsyncConnection[Any]
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Shared:
-    """A connection shared by the queue's tasks: one call at a time on it."""
+    """A connection shared by the queue's tasks: one call at a time on it. Reentrant for
+    the task that holds it: a call made without ``conn=`` inside
+    :meth:`AsyncQueue.transaction` joins that transaction (with a plain lock it waited
+    for its own task for ever)."""
 
     conn: AsyncConnection
     lock: asyncio.Lock
+    holder: asyncio.Task[Any] | None = None
+
+    @asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        if self.holder is not None and self.holder is asyncio.current_task():
+            yield
+            return
+        async with self.lock:
+            self.holder = asyncio.current_task()
+            try:
+                yield
+            finally:
+                self.holder = None
 
 
 class AsyncQueue(Generic[T]):
@@ -75,9 +92,7 @@ class AsyncQueue(Generic[T]):
         self._backend: AsyncConnectionPool[Any] | _Shared
         if isinstance(source, str):
             # An async pool cannot open in a constructor: open() or the first call does.
-            self._owned_pool = AsyncConnectionPool(source, min_size=1, max_size=pool_size,
-                                                   kwargs={"autocommit": True}, open=False,
-                                                   name="fairq")
+            self._owned_pool = owned_async_pool(source, pool_size)
             self._backend = self._owned_pool
         elif isinstance(source, AsyncConnectionPool):
             self._backend = source
@@ -105,7 +120,7 @@ class AsyncQueue(Generic[T]):
         """A connection for one unit of work, committed (unless autocommit) at the end."""
         if isinstance(self._backend, _Shared):
             shared = self._backend.conn
-            async with self._backend.lock:
+            async with self._backend.held():
                 if shared.autocommit:
                     yield shared
                 else:

@@ -14,6 +14,7 @@ import asyncio
 import importlib
 import inspect
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from typing import Any
 import psycopg
 
 from fairq import __version__, _timestamps
+from fairq._source import dsn_argument
 from fairq.aio import AsyncQueue
 from fairq.aio_worker import AsyncWorker
 from fairq.codecs import BytesCodec, Codec, JsonCodec, TextCodec
@@ -35,6 +37,7 @@ from fairq.worker import Worker
 __all__ = ["main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # as a shell reports a command ended by Ctrl-C (128 + SIGINT)
 DELEGATED = {
     "bench": ("fairq.bench", "measure fairq against plain SQL on this machine"),
     "demo": ("fairq.demo", "watch fairness happen: a 20-second multi-tenant scenario"),
@@ -52,7 +55,16 @@ class _Failed(Exception):
 
 
 def _seconds(text: str) -> timedelta:
-    return timedelta(seconds=float(text))
+    """A duration in seconds: finite and not negative (a worker's options must also be
+    positive: Worker refuses 0, and main() reports that as a usage error)."""
+    try:
+        seconds = float(text)
+        if not 0 <= seconds < math.inf:
+            raise ValueError
+        return timedelta(seconds=seconds)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds, at least 0, got {text!r}") from None
 
 
 def _moment(text: str) -> datetime:
@@ -66,12 +78,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fairq", description="Fair, multi-tenant, durable message queue in PostgreSQL.")
     parser.add_argument("--version", action="version", version=f"fairq {__version__}")
-    parser.add_argument("--dsn", default=os.environ.get("DATABASE_URL"),
+    parser.add_argument("--dsn", type=dsn_argument, default=os.environ.get("DATABASE_URL"),
                         help="PostgreSQL conninfo or URL (default: $DATABASE_URL)")
     # --dsn is accepted after the subcommand too (`fairq install --dsn URL`); SUPPRESS
     # keeps a subcommand from overwriting the global value when it is not given there.
     dsn_option = argparse.ArgumentParser(add_help=False)
-    dsn_option.add_argument("--dsn", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    dsn_option.add_argument("--dsn", type=dsn_argument, default=argparse.SUPPRESS,
+                            help=argparse.SUPPRESS)
     queue_option = argparse.ArgumentParser(add_help=False)
     queue_option.add_argument("--queue", default=DEFAULT_QUEUE,
                               help=f"the queue (default: {DEFAULT_QUEUE})")
@@ -181,8 +194,18 @@ def _format_limits(stats: ChannelStats) -> str:
     return " ".join(limits) or "-"
 
 
+def _printable(text: str) -> str:
+    """``text`` with what a terminal would act on escaped (tenants choose channel names
+    and error texts: an escape sequence in one cleared the screen, a newline forged a
+    row)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    cells = [[str(c) for c in header], *[["-" if c is None else str(c) for c in r] for r in rows]]
+    cells = [[str(c) for c in header],
+             *[["-" if c is None else _printable(str(c)) for c in r] for r in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     for row in cells:
         padded = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
@@ -300,7 +323,9 @@ def _run(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     # `fairq --dsn URL bench ...` hands the --dsn given before the command on too.
-    forwarded = arguments[:2] if arguments[:1] == ["--dsn"] else []
+    forwarded = (arguments[:2] if arguments[:1] == ["--dsn"]
+                 else arguments[:1] if arguments[:1] and arguments[0].startswith("--dsn=")
+                 else [])
     rest = arguments[len(forwarded):]
     if rest and rest[0] in DELEGATED:
         program = importlib.import_module(DELEGATED[rest[0]][0])
@@ -311,8 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("no database: pass --dsn or set DATABASE_URL")
     try:
         _run(args)
-    except argparse.ArgumentTypeError as exc:
+    except (argparse.ArgumentTypeError, ValueError) as exc:  # arguments the calls refused
         parser.error(str(exc))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     except (psycopg.Error, InstallError, _Failed) as exc:
         print(f"fairq {args.command}: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -117,7 +118,8 @@ class Cluster:
             self.init()
         options = {"listen_addresses": "127.0.0.1", "port": str(self.port),
                    "unix_socket_directories": str(self.base), **self.settings}
-        opts = " ".join(f"-c {k}={v}" for k, v in options.items())
+        # pg_ctl hands -o to a shell: each setting quoted ("%m [%p] ", "a, b" split).
+        opts = " ".join(f"-c {shlex.quote(f'{k}={v}')}" for k, v in options.items())
         self._run("pg_ctl", "-D", str(self.datadir), "-l", str(self.logfile), "-o", opts,
                   "-w", "-t", "120", "start")
         return self

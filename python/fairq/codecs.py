@@ -27,6 +27,10 @@ class BytesCodec:
     """Content as raw bytes (the default): what the SQL stores, unchanged."""
 
     def encode(self, value: bytes, /) -> bytes:
+        # Only bytes-like values: bytes(5) is five zero bytes, and bytes([104, 105]) "hi".
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"content must be bytes, bytearray or memoryview, not"
+                            f" {type(value).__name__} (pass a codec= to send other values)")
         return bytes(value)
 
     def decode(self, data: bytes, /) -> bytes:

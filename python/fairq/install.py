@@ -77,6 +77,9 @@ class Scripts:
 
 def _run_script(conn: Connection, path: Path) -> None:
     sql = _GUARD.sub("", path.read_text()).replace("@extschema@", "fairq")
+    # As CREATE EXTENSION runs a script: function bodies are not checked as they are
+    # created (an SQL function may call one the script creates after it).
+    conn.execute("SET LOCAL check_function_bodies = off")
     # No parameters: psycopg sends the script as one simple query, many statements.
     conn.execute(sql.encode())
 

@@ -34,7 +34,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from fairq import _sql
-from fairq.types import CreateResult, ReceivedMessage, SettleStatus
+from fairq.types import CreateResult, ReceivedMessage, SettleStatus, require_aware
 
 __all__ = ["PERIODIC_CHANNEL", "Refused", "Schedule", "Tick", "TickResult", "schedule", "tick"]
 
@@ -130,6 +130,7 @@ def schedule(name: str, channel: str, content: bytes, *, queue: str,
     """The call that creates the driver of schedule ``name`` in ``queue``: every
     ``interval`` from ``start_at`` (default: now), or at the times of ``cron`` from
     ``start_at`` on."""
+    require_aware(start_at, "start_at")
     driver = Schedule(name, interval, channel, content, priority, cron, timezone)
     first = driver.first_at(start_at, datetime.now(UTC))
     return _sql.create(PERIODIC_CHANNEL, driver.encode(), queue=queue, dequeue_at=first,

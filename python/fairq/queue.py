@@ -20,6 +20,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from fairq import _sql, _timestamps, periodic
+from fairq._pools import owned_pool
 from fairq._source import conninfo_of
 from fairq.codecs import BytesCodec, Codec
 from fairq.types import (
@@ -47,10 +48,12 @@ Connection = psycopg.Connection[Any]
 
 @dataclass(frozen=True)
 class _Shared:
-    """A connection shared by the queue's users: one call at a time on it."""
+    """A connection shared by the queue's users: one call at a time on it. Reentrant: a
+    call made without ``conn=`` inside :meth:`Queue.transaction` joins that transaction
+    (with a plain lock it waited for its own thread for ever)."""
 
     conn: Connection
-    lock: threading.Lock
+    lock: threading.RLock
 
 
 class Queue(Generic[T]):
@@ -81,14 +84,12 @@ class Queue(Generic[T]):
         self._owned_pool: ConnectionPool[Any] | None = None
         self._backend: ConnectionPool[Any] | _Shared
         if isinstance(source, str):
-            self._owned_pool = ConnectionPool(source, min_size=1, max_size=pool_size,
-                                              kwargs={"autocommit": True}, open=True,
-                                              name="fairq")
+            self._owned_pool = owned_pool(source, pool_size)
             self._backend = self._owned_pool
         elif isinstance(source, ConnectionPool):
             self._backend = source
         else:
-            self._backend = _Shared(source, threading.Lock())
+            self._backend = _Shared(source, threading.RLock())
 
     def open(self) -> None:
         """Opens the pool the queue owns, if it is not open. The constructor already opens

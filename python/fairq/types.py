@@ -37,6 +37,7 @@ __all__ = [
     "RetryStatus",
     "SettleResult",
     "SettleStatus",
+    "require_aware",
     "require_one_due_time",
 ]
 
@@ -96,9 +97,19 @@ class SettleResult:
     status: SettleStatus
 
 
+def require_aware(moment: datetime | None, name: str) -> None:
+    """A point in time must carry its time zone: PostgreSQL reads a naive one in the
+    database session's zone, not the caller's (a message scheduled "in an hour" from
+    Tokyo came due nine hours late)."""
+    if moment is not None and moment.utcoffset() is None:
+        raise ValueError(f"{name} must be timezone-aware, got the naive {moment!r}"
+                         " (for example datetime.now(timezone.utc))")
+
+
 def require_one_due_time(dequeue_at: datetime | None, delay: timedelta | None) -> None:
-    """A message's due time is ``dequeue_at`` or ``delay``: given both, one would be
-    dropped without a word."""
+    """A message's due time is ``dequeue_at`` (timezone-aware) or ``delay``: given both,
+    one would be dropped without a word."""
+    require_aware(dequeue_at, "dequeue_at")
     if dequeue_at is not None and delay is not None:
         raise ValueError(f"give dequeue_at or delay, not both (got {dequeue_at!r} and {delay!r})")
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fairq._source import dsn_argument
 from fairq.bench.output import clean, table, write_json
 from fairq.bench.plots import write_plots
 from fairq.bench.progress import Progress
@@ -32,8 +33,9 @@ DURABLE_SETTINGS = {
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fairq bench", description="fairq against the physical floor, side by side.")
-    parser.add_argument("--dsn", help="a database dedicated to the bench (default: start a"
-                        " throwaway cluster on 127.0.0.1 and remove it afterwards)")
+    parser.add_argument("--dsn", type=dsn_argument,
+                        help="a database dedicated to the bench (default: start a"
+                             " throwaway cluster on 127.0.0.1 and remove it afterwards)")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes: the whole run takes a few minutes")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the results here")

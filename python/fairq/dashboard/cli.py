@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import psycopg
 
+from fairq._source import dsn_argument
 __all__ = ["LOOPBACK_HOSTS", "check_database", "main", "missing_extra", "seconds"]
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -53,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="fairq dashboard",
         description="A live web view of fairq's queues, channels, locks and dead letters, "
                     "with Prometheus metrics at /metrics.")
-    parser.add_argument("--dsn", default=os.environ.get("DATABASE_URL"),
+    parser.add_argument("--dsn", type=dsn_argument, default=os.environ.get("DATABASE_URL"),
                         help="PostgreSQL conninfo or URL (default: $DATABASE_URL); the "
                              "dashboard has exactly this role's rights")
     parser.add_argument("--host", default="127.0.0.1",

@@ -18,6 +18,7 @@ from datetime import timedelta
 
 import psycopg
 
+from fairq._source import dsn_argument
 from fairq.dashboard.cli import check_database, missing_extra, seconds
 
 __all__ = ["main"]
@@ -26,7 +27,7 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fairq metrics",
                                      description="fairq's Prometheus metrics (text format).")
-    parser.add_argument("--dsn", default=os.environ.get("DATABASE_URL"),
+    parser.add_argument("--dsn", type=dsn_argument, default=os.environ.get("DATABASE_URL"),
                         help="PostgreSQL conninfo or URL (default: $DATABASE_URL)")
     parser.add_argument("--once", action="store_true",
                         help="print the metrics once and exit, instead of serving /metrics")

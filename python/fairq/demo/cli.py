@@ -17,6 +17,7 @@ from typing import TextIO
 
 import psycopg
 
+from fairq._source import dsn_argument
 from fairq.demo.dashboard import offer_dashboard
 from fairq.demo.database import DemoError, throwaway_database
 from fairq.demo.runner import scenario_run
@@ -56,9 +57,10 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dsn", help="run in this existing database (channels demo-*, "
-                                      "cleaned up afterwards) instead of a throwaway cluster; "
-                                      "no other channel may hold messages there")
+    parser.add_argument("--dsn", type=dsn_argument,
+                        help="run in this existing database (channels demo-*, "
+                             "cleaned up afterwards) instead of a throwaway cluster; "
+                             "no other channel may hold messages there")
     parser.add_argument("--quick", action="store_true", help="a 5-second run instead of 20")
     parser.add_argument("--seconds", type=float, help="seconds of sending (default 20, or 5)")
     parser.add_argument("--chart", type=Path, default=Path("fairq-demo.png"),

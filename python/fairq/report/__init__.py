@@ -24,7 +24,8 @@ Definitions (all times in milliseconds, hours and windows in UTC):
   number of each channel's messages first dequeued in the window. 1 means every
   waiting channel was served equally; 1/n means one channel got everything.
   Messages still queued when the report runs are not in the history, so a channel
-  starved up to now does not count yet.
+  starved up to now does not count yet. A channel is a (queue, channel) pair, and
+  the index is computed per queue (each is a round-robin of its own).
 
 History rows exist only while the setting ``fairq.history`` is on (off by default).
 

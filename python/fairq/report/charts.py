@@ -25,7 +25,7 @@ def write_charts(out: Path, tables: dict[str, DataFrame], top: int) -> list[tupl
 
     charts: list[tuple[str, str]] = []
     hours = collect(tables["hours"])
-    busiest = collect(tables["channels"].orderBy(F.desc("settled"), "channel"), top)
+    busiest = collect(tables["channels"].orderBy(F.desc("settled"), "queue", "channel"), top)
     attempts = collect(tables["attempts"].groupBy("num_attempts")
                         .agg(F.sum("messages").alias("messages")).orderBy("num_attempts"))
     fairness = collect(tables["fairness"])
@@ -38,6 +38,9 @@ def write_charts(out: Path, tables: dict[str, DataFrame], top: int) -> list[tupl
         fig.savefig(out / "charts" / name, dpi=100)
         plt.close(fig)
         charts.append((f"charts/{name}", caption))
+
+    def label(text: str) -> str:  # as written: matplotlib reads $...$ as maths
+        return text.replace("$", r"\$")
 
     def empty(ax: Any) -> None:
         ax.text(0.5, 0.5, "no history", ha="center", va="center", transform=ax.transAxes)
@@ -82,7 +85,9 @@ def write_charts(out: Path, tables: dict[str, DataFrame], top: int) -> list[tupl
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, max(3.0, 0.25 * len(busiest.rows) + 1)))
     if busiest.rows:
-        names = busiest.column("channel")[::-1]
+        queues = busiest.column("queue")
+        names = [label(channel if len(set(queues)) == 1 else f"{queue}: {channel}")
+                 for queue, channel in zip(queues, busiest.column("channel"), strict=True)][::-1]
         left.barh(names, busiest.column("settled")[::-1])
         right.barh(names, [r or 0 for r in busiest.column("dead_letter_rate")[::-1]])
         right.set_xlim(0, 1)
@@ -96,7 +101,13 @@ def write_charts(out: Path, tables: dict[str, DataFrame], top: int) -> list[tupl
 
     fig, ax = plt.subplots(figsize=(9, 4))
     if fairness.rows:
-        ax.plot(times(fairness, "window_start"), fairness.column("jain_index"), marker=".")
+        at, jains = times(fairness, "window_start"), fairness.column("jain_index")
+        queues = fairness.column("queue")
+        for queue in sorted(set(queues)):  # each queue is a round-robin of its own
+            mine = [i for i, q in enumerate(queues) if q == queue]
+            ax.plot([at[i] for i in mine], [jains[i] for i in mine], marker=".", label=label(queue))
+        if len(set(queues)) > 1:
+            ax.legend()
         ax.set_ylim(0, 1.05)
         fig.autofmt_xdate()
     else:

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fairq._source import dsn_argument
 from fairq.report.queries import compute
 from fairq.report.render import write_report
 
@@ -56,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Spark report of fairq.message_history: throughput, wait and processing "
                     "times, attempts, dead-letter rate and fairness, as Parquet, CSV, PNG "
                     "charts and index.html.")
-    parser.add_argument("--dsn", default=os.environ.get("DATABASE_URL"),
+    parser.add_argument("--dsn", type=dsn_argument, default=os.environ.get("DATABASE_URL"),
                         help="PostgreSQL conninfo or URL, reachable over TCP "
                              "(default: $DATABASE_URL)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")

@@ -11,7 +11,7 @@ from fairq.types import HistoryOutcome
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["ORDER", "OUTCOMES", "PERCENTILES", "TABLES", "compute"]
+__all__ = ["CHANNEL", "ORDER", "OUTCOMES", "PERCENTILES", "TABLES", "compute"]
 
 
 HOUR_US = 3_600_000_000
@@ -23,9 +23,11 @@ OUTCOMES = tuple(outcome.value for outcome in HistoryOutcome)
 #: The report's tables, in the order index.html lists them.
 TABLES = ("summary", "channels", "hours", "channel_hours", "attempts", "fairness")
 #: How each table's files are sorted.
-ORDER = {"summary": (), "channels": ("channel",), "hours": ("hour",),
-         "channel_hours": ("hour", "channel"), "attempts": ("channel", "num_attempts"),
-         "fairness": ("window_start",)}
+ORDER = {"summary": (), "channels": ("queue", "channel"), "hours": ("hour",),
+         "channel_hours": ("hour", "queue", "channel"),
+         "attempts": ("queue", "channel", "num_attempts"), "fairness": ("window_start", "queue")}
+#: A channel is a name within a queue: two queues' channels of one name are two channels.
+CHANNEL = ("queue", "channel")
 
 
 def _prepared(history: DataFrame) -> DataFrame:
@@ -35,7 +37,7 @@ def _prepared(history: DataFrame) -> DataFrame:
     c, f, s = (F.unix_micros(F.col(n)) for n in ("created_at", "first_dequeued_at", "settled_at"))
     judged = F.col("outcome").isin(HistoryOutcome.COMPLETED.value, HistoryOutcome.DEAD.value)
     return history.select(
-        "id", "channel", "num_attempts", "outcome",
+        "id", *CHANNEL, "num_attempts", "outcome",
         c.alias("c_us"), f.alias("f_us"), s.alias("s_us"),
         ((f - c) / 1000.0).alias("wait_ms"),
         F.when(judged, (s - f) / 1000.0).alias("proc_ms"),
@@ -54,7 +56,8 @@ def _outcome_counts() -> list[Column]:
     """How many rows had each outcome: one column per outcome, named after it."""
     from pyspark.sql import functions as F
 
-    return [F.sum(F.when(F.col("outcome") == outcome, 1).otherwise(0)).cast("long").alias(outcome)
+    return [F.coalesce(F.sum(F.when(F.col("outcome") == outcome, 1).otherwise(0)), F.lit(0))
+            .cast("long").alias(outcome)  # (0, not NULL, over no rows)
             for outcome in OUTCOMES]
 
 
@@ -89,22 +92,23 @@ def _fairness(rows: DataFrame, window_us: int) -> DataFrame:
     from pyspark.sql import functions as F
 
     waiting = rows.select(
-        "channel",
+        *CHANNEL,
         F.explode(F.sequence(_window("c_us", window_us),
                              _window("coalesce(f_us, s_us)", window_us))).alias("k"),
     ).distinct()
     delivered = (rows.where(F.col("f_us").isNotNull())
-                 .groupBy("channel", _window("f_us", window_us).alias("k"))
+                 .groupBy(*CHANNEL, _window("f_us", window_us).alias("k"))
                  .agg(F.count(F.lit(1)).alias("x")))
-    per_window = (waiting.join(delivered, ["channel", "k"], "left")
-                  .select("k", F.coalesce("x", F.lit(0)).cast("long").alias("x"))
-                  .groupBy("k")
+    # Per queue: each queue is a round-robin of its own.
+    per_window = (waiting.join(delivered, [*CHANNEL, "k"], "left")
+                  .select("queue", "k", F.coalesce("x", F.lit(0)).cast("long").alias("x"))
+                  .groupBy("queue", "k")
                   .agg(F.count(F.lit(1)).alias("channels"), F.sum("x").alias("deliveries"),
                        F.sum(F.col("x") * F.col("x")).alias("_sumsq")))
     return per_window.select(
         F.timestamp_micros(F.col("k") * window_us).alias("window_start"),
         F.timestamp_micros((F.col("k") + 1) * window_us).alias("window_end"),
-        "channels", "deliveries",
+        "queue", "channels", "deliveries",
         F.when(F.col("_sumsq") > 0,
                F.col("deliveries") * F.col("deliveries") / (F.col("channels") * F.col("_sumsq")))
         .alias("jain_index"),
@@ -129,17 +133,17 @@ def compute(history: DataFrame, *,
     summary = _finish(rows.agg(
         F.timestamp_micros(F.min("s_us")).alias("first_settled_at"),
         F.timestamp_micros(F.max("s_us")).alias("last_settled_at"),
-        F.countDistinct("channel").alias("channels"),
+        F.countDistinct(*CHANNEL).alias("channels"),
         *_figures()))
-    channels = _finish(rows.groupBy("channel").agg(*_figures()))
-    hours = _finish(rows.groupBy("hour_us").agg(F.countDistinct("channel").alias("channels"),
+    channels = _finish(rows.groupBy(*CHANNEL).agg(*_figures()))
+    hours = _finish(rows.groupBy("hour_us").agg(F.countDistinct(*CHANNEL).alias("channels"),
                                                 *_figures()))
     hours = hours.select(F.timestamp_micros("hour_us").alias("hour"),
                          *[c for c in hours.columns if c != "hour_us"])
-    channel_hours = (rows.groupBy("hour_us", "channel")
+    channel_hours = (rows.groupBy("hour_us", *CHANNEL)
                      .agg(F.count(F.lit(1)).alias("settled"), *_outcome_counts())
-                     .select(F.timestamp_micros("hour_us").alias("hour"), "channel", "settled",
+                     .select(F.timestamp_micros("hour_us").alias("hour"), *CHANNEL, "settled",
                              *OUTCOMES))
-    attempts = rows.groupBy("channel", "num_attempts").agg(F.count(F.lit(1)).alias("messages"))
+    attempts = rows.groupBy(*CHANNEL, "num_attempts").agg(F.count(F.lit(1)).alias("messages"))
     return {"summary": summary.crossJoin(jain), "channels": channels, "hours": hours,
             "channel_hours": channel_hours, "attempts": attempts, "fairness": fairness}

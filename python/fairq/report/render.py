@@ -24,7 +24,7 @@ _DESCRIPTIONS = {
     "hours": "per hour (of settled_at): the same figures over all channels",
     "channel_hours": "per channel and hour: throughput by outcome",
     "attempts": "per channel: how many messages settled after n attempts",
-    "fairness": "per window: waiting channels, first deliveries, Jain's fairness index",
+    "fairness": "per window and queue: waiting channels, first deliveries, Jain's fairness index",
 }
 
 

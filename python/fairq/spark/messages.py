@@ -4,7 +4,6 @@ call that creates a chunk of those rows' messages (on an executor), through
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
@@ -24,6 +23,14 @@ MESSAGE_COLUMNS = ("channel", "content", "dequeue_at_us", "priority", "dedup_key
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
+#: How :func:`dedup_key_from` and JSON content write times: to the microsecond, in UTC,
+#: whatever the session's time zone (Spark's defaults stop at the millisecond and use
+#: the session's zone, so rows a microsecond apart got one key, and one row two keys
+#: in two zones).
+JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+                "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
+                "timeZone": "UTC"}
+
 
 def column(value: str | Column) -> Column:
     from pyspark.sql import functions as F
@@ -42,13 +49,14 @@ def dedup_key_from(*columns: str | Column, prefix: str = "") -> Column:
         raise ValueError("dedup_key_from needs at least one column")
     named = [column(c).alias(c if isinstance(c, str) else f"c{i}")
              for i, c in enumerate(columns)]
-    digest = F.sha2(F.to_json(F.struct(*named)), 256)
+    digest = F.sha2(F.to_json(F.struct(*named), JSON_OPTIONS), 256)
     return F.concat(F.lit(prefix), digest) if prefix else digest
 
 
 def _content_bytes(df: DataFrame, content: str | Column) -> Column:
     """``content`` as a binary column: bytes as they are, strings in UTF-8, structs,
-    maps and arrays as JSON (Spark's ``to_json``: compact, NULL fields left out)."""
+    maps and arrays as JSON (Spark's ``to_json``: compact, NULL fields left out; times
+    as :data:`JSON_OPTIONS` writes them)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -59,9 +67,22 @@ def _content_bytes(df: DataFrame, content: str | Column) -> Column:
     if isinstance(kind, T.StringType):
         return F.encode(value, "UTF-8")
     if isinstance(kind, (T.StructType, T.MapType, T.ArrayType)):
-        return F.encode(F.to_json(value), "UTF-8")
+        return F.encode(F.to_json(value, JSON_OPTIONS), "UTF-8")
     raise TypeError(f"content must be binary, string, struct, map or array, not {kind}"
                     " (serialise it first, e.g. with to_json or cast('string'))")
+
+
+def _priority(df: DataFrame, priority: str | Column) -> Column:
+    """``priority`` as an int column: integral types only (a double's 1.9 was cast to 1
+    without a word; an out-of-range long fails the cast)."""
+    from pyspark.sql import types as T
+
+    value = column(priority)
+    kind = df.select(value).schema.fields[0].dataType
+    if not isinstance(kind, (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.NullType)):
+        raise TypeError(f"priority must be an integer column, not {kind}"
+                        " (round or cast it first)")
+    return value.cast("int")
 
 
 def _micros(value: Column) -> Column:
@@ -85,14 +106,30 @@ def project(df: DataFrame, channel: str | Column, content: str | Column,
         _content_bytes(df, content).alias("content"),
         (none.cast("long") if dequeue_at is None else _micros(column(dequeue_at)))
         .alias("dequeue_at_us"),
-        (none if priority is None else column(priority)).cast("int").alias("priority"),
+        (none.cast("int") if priority is None else _priority(df, priority)).alias("priority"),
         (none if dedup_key is None else column(dedup_key)).cast("string").alias("dedup_key"),
     )
 
 
-def chunks(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    it = iter(rows)
-    while batch := list(itertools.islice(it, size)):
+#: The content bytes one ``message_create_batch`` call carries, at most (a single larger
+#: row goes alone): PostgreSQL refuses a protocol message over 1 GB by closing the
+#: connection, so a chunk of ``batch_size`` large rows failed its task at every retry.
+CHUNK_BYTES = 64 * 1024 * 1024
+
+
+def chunks(rows: Iterable[Any], size: int, max_bytes: int = CHUNK_BYTES) -> Iterator[list[Any]]:
+    """``rows`` (:func:`project`'s) in lists of at most ``size`` rows and, unless one
+    row is larger alone, ``max_bytes`` of content."""
+    batch: list[Any] = []
+    content_bytes = 0
+    for row in rows:
+        row_bytes = 0 if row[1] is None else len(row[1])
+        if batch and (len(batch) == size or content_bytes + row_bytes > max_bytes):
+            yield batch
+            batch, content_bytes = [], 0
+        batch.append(row)
+        content_bytes += row_bytes
+    if batch:
         yield batch
 
 
@@ -101,7 +138,14 @@ def create_messages(conn: psycopg.Connection[Any], rows: Sequence[Sequence[Any]]
     """Creates the messages of ``rows`` (:func:`project`'s, or longer: the columns after
     :data:`MESSAGE_COLUMNS` are ignored) in ``queue`` with one call of
     ``fairq.message_create_batch`` on ``conn`` (joining any transaction open there), and
-    counts them by status. A NULL dequeue_at means now, a NULL priority 0."""
+    counts them by status. A NULL dequeue_at means now, a NULL priority 0; a NULL
+    content fails with SQLSTATE 22004, as the SQL would (the codec cannot carry it)."""
+    from psycopg import errors
+
+    for row in rows:
+        if row[1] is None:
+            raise errors.NullValueNotAllowed(
+                f"content must not be NULL (a row of channel {row[0]!r})")
     messages = [
         NewMessage(row[0], bytes(row[1]),
                    dequeue_at=None if row[2] is None

@@ -1,0 +1,69 @@
+"""The pools a queue opens for itself (given a conninfo, not a connection or a pool).
+
+A connection that sat in the pool is checked with one round trip before it is handed
+out, so one the server dropped meanwhile (a restart, ``idle_session_timeout``, a
+proxy's idle limit) is replaced instead of failing the caller's call: without the
+check, every pooled connection failed once after a restart, each failure a send or a
+heartbeat that did not happen. Connections used again within :data:`CHECK_AFTER_S`
+of their return are not checked: a busy worker pays no round trip per call.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+__all__ = ["CHECK_AFTER_S", "owned_async_pool", "owned_pool"]
+
+#: How long a connection may sit in the pool and still be handed out unchecked.
+CHECK_AFTER_S = 1.0
+
+
+class _IdleSince:
+    """Since when each pooled connection has sat in the pool (monotonic seconds): from
+    when it was made, then from each return."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+    def now(self, conn: Any) -> None:
+        with self._lock:
+            self._since[conn] = time.monotonic()
+
+    def idle_long(self, conn: Any) -> bool:
+        """Whether ``conn`` has sat in the pool for CHECK_AFTER_S or more."""
+        with self._lock:
+            since = self._since.get(conn)
+        return since is None or time.monotonic() - since >= CHECK_AFTER_S
+
+
+def owned_pool(conninfo: str, size: int) -> ConnectionPool[Any]:
+    idle = _IdleSince()
+
+    def check(conn: Any) -> None:
+        if idle.idle_long(conn):
+            ConnectionPool.check_connection(conn)
+
+    return ConnectionPool(conninfo, min_size=1, max_size=size, kwargs={"autocommit": True},
+                          open=True, name="fairq", configure=idle.now, check=check,
+                          reset=idle.now)
+
+
+def owned_async_pool(conninfo: str, size: int) -> AsyncConnectionPool[Any]:
+    """Not opened: an async pool cannot open in a constructor."""
+    idle = _IdleSince()
+
+    async def check(conn: Any) -> None:
+        if idle.idle_long(conn):
+            await AsyncConnectionPool.check_connection(conn)
+
+    async def now(conn: Any) -> None:
+        idle.now(conn)
+
+    return AsyncConnectionPool(conninfo, min_size=1, max_size=size, kwargs={"autocommit": True},
+                               open=False, name="fairq", configure=now, check=check, reset=now)
