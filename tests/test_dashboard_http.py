@@ -10,7 +10,10 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -164,6 +167,93 @@ def test_foreign_host_headers_are_refused(dsn: str, scene: Scene, serve: Any) ->
     assert status == 400
 
 
+def test_beyond_loopback_only_the_names_given_are_served(dsn: str, scene: Scene,
+                                                         serve: Any) -> None:
+    """Bound to another address the Host check was off: a page rebinding its DNS name
+    to that address could read the dashboard and act through it."""
+    from fairq.dashboard.cli import dashboard_settings
+
+    settings = dashboard_settings(dsn, host="0.0.0.0", allowed_hosts=["dash.example"],
+                                  origins=["https://dash.example.com/"])
+    assert "0.0.0.0" not in settings.allowed_hosts and "dash.example" in settings.allowed_hosts
+    client = serve(dsn, allowed_hosts=settings.allowed_hosts, origins=settings.origins)
+    assert client.request("GET", "/", headers={"Host": "evil.example"})[0] == 400
+    assert client.request("GET", "/", headers={"Host": "dash.example"})[0] == 200
+    # Behind a proxy that ends TLS, the browser's origin is the proxy's.
+    token = client.token()
+    proxied = client.post("resume-queue", {"queue": "default", "csrf_token": token},
+                          {"Origin": "https://dash.example.com"})
+    assert proxied[0] == 303
+    assert client.post("resume-queue", {"queue": "default", "csrf_token": token},
+                       {"Origin": "https://evil.example"})[0] == 403
+
+
+def test_a_name_with_line_breaks_is_acted_on_as_itself(dsn: str, scene: Scene,
+                                                       serve: Any) -> None:
+    """A browser reads CR in a field's value as LF and sends LF as CRLF: Pause on
+    "new\nline" paused a new channel "new\r\nline". The forms carry names encoded."""
+    name = "new\nline\r"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT fairq.message_create(%s, 'x', p_queue => %s)", (name, name))
+    client = serve(dsn)
+    page = client.get("/channels?" + urlencode({"queue": name}))
+    fields = re.findall(r'name="(queue|channel)" value="([^"]*)"', page)
+    assert fields and all("\n" not in value and "\r" not in value for _, value in fields)
+    channel_form = dict(fields[-2:])  # the channel row's form: its queue, then its name
+    status, _, text = client.post("pause-channel", {**channel_form, "seconds": "",
+                                                    "csrf_token": client.token()})
+    assert status == 303, text
+    with psycopg.connect(dsn) as conn:
+        paused = conn.execute("SELECT queue, channel FROM fairq.channels"
+                              " WHERE paused_until IS NOT NULL AND queue = %s", (name,)).fetchall()
+    assert paused == [(name, name)]
+
+
+def test_hostile_requests_and_data_get_clear_answers(dsn: str, scene: Scene,
+                                                     serve: Any) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # A message due in the year 20000 (psycopg loads no such year), and one
+        # backdated to 2000 (its wait is since it was created, not 26 years).
+        conn.execute("SELECT fairq.message_create('far', 'x', '20000-01-01', p_queue => 'odd')")
+        conn.execute("SELECT fairq.message_create('old', 'x', '2000-01-01', p_queue => 'odd')")
+    client = serve(dsn)
+    assert "far" in client.get("/channels?queue=odd")
+    found = metrics(client.get("/metrics"))
+    assert found[("fairq_up", ())] == 1.0
+    assert found[("fairq_queue_oldest_ready_age_seconds", (("queue", "odd"),))] < 3600
+    for path in ("/channels?queue=a%00b", "/channels?after=a%00", "/in-flight?queue=%00",
+                 "/dead-letters?queue=%00", "/channels?offset=99999999999999999999999"):
+        status, _, text = client.request("GET", path)
+        assert status == 400, (path, text)
+    # A large body is refused before it is read, whatever it holds.
+    status, _, _ = client.post("retry", {"id": "1", "csrf_token": client.token(),
+                                         "padding": "x" * 100_000})
+    assert status == 413
+
+
+def test_paused_channels_are_not_behind(dsn: str, serve: Any) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT fairq.message_create('held', 'x', clock_timestamp() - interval '1 day')")
+        conn.execute("SELECT fairq.channel_pause('held')")
+    found = metrics(serve(dsn).get("/metrics"))
+    assert found[("fairq_queue_oldest_ready_age_seconds", (("queue", "default"),))] == 0
+
+
+def test_messages_readable_means_all_three_tables(dsn: str, scene: Scene, serve: Any) -> None:
+    """With SELECT on fairq.message alone (what the README said to grant) every page and
+    /metrics failed on the tables the reads join."""
+    reader = observer_dsn(dsn, "fairq_half_reader")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute('GRANT SELECT ON fairq.message TO "fairq_half_reader"')
+    client = serve(reader)
+    assert client.request("GET", "/")[0] == 200
+    assert client.request("GET", "/channels?queue=default")[0] == 200
+    assert metrics(client.get("/metrics"))[("fairq_up", ())] == 1.0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute('GRANT SELECT ON fairq.channel, fairq.queue TO "fairq_half_reader"')
+    assert "Oldest ready ages need" not in serve(reader).get("/")
+
+
 def test_an_observer_sees_everything_it_may_and_the_refusals(dsn: str, scene: Scene,
                                                               serve: Any) -> None:
     client = serve(observer_dsn(dsn))
@@ -235,6 +325,40 @@ def test_metrics_match_the_database(dsn: str, scene: Scene, serve: Any) -> None:
     assert {k: found.get(k) for k in expected} == expected
 
 
+def test_a_read_the_database_never_answers_is_reported(dsn: str, scene: Scene) -> None:
+    """A hung server (a stopped backend, a lock held for ever) raises nothing: the pages
+    kept old numbers and /metrics said fairq_up 1. Here every read after the first
+    waits until released."""
+    from fairq.dashboard.metrics import live
+    from fairq.dashboard.sampler import Sampler
+
+    released = threading.Event()
+    reads = 0
+
+    @contextmanager
+    def connect() -> Iterator[psycopg.Connection[Any]]:
+        nonlocal reads
+        reads += 1
+        if reads > 1:
+            released.wait(60)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            yield conn
+
+    sampler = Sampler(connect, timedelta(milliseconds=50))
+    sampler.start()  # the first read, at once
+    try:
+        deadline = time.monotonic() + 60
+        while "no new sample" not in (sampler.error or ""):
+            assert time.monotonic() < deadline, "the hung read was never reported"
+            time.sleep(0.01)
+        assert sampler.latest() is not None  # the pages still answer, from the last one
+        collected = live(sampler, connect, 0)()
+        assert collected.error is not None and "no new sample" in collected.error
+    finally:
+        released.set()
+        sampler.stop()
+
+
 def test_metrics_once_prints_the_same(dsn: str, scene: Scene) -> None:
     out = subprocess.run([sys.executable, "-m", "fairq", "metrics", "--once", "--dsn", dsn,
                           "--top-channels", "2"], capture_output=True, text=True, check=True)
@@ -289,9 +413,13 @@ def test_fairq_metrics_serves_alone(dsn: str, scene: Scene) -> None:
         line = process.stdout.readline()
         match = re.search(r"on (http://127\.0\.0\.1:\d+)/metrics", line)
         assert match, line
-        found = metrics(Client(match.group(1), Csrf()).get("/metrics"))
+        client = Client(match.group(1), Csrf())
+        found = metrics(client.get("/metrics"))
         expected = expected_queue_metrics(dsn)
         assert {k: found.get(k) for k in expected} == expected
+        # Any Host was served: a page whose DNS name resolves here read every name.
+        status, _, _ = client.request("GET", "/metrics", headers={"Host": "evil.example"})
+        assert status == 400
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(60)

@@ -56,6 +56,10 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
 }
+#: The channels page's offset, at most (the SQL's is a bigint).
+MAX_OFFSET = 1_000_000_000
+#: An action's form is a few hundred bytes: a larger body is refused unread.
+MAX_FORM_BYTES = 64 * 1024
 PAUSES = (("", "until resumed"), ("60", "for 1 min"), ("600", "for 10 min"),
           ("3600", "for 1 h"))
 
@@ -67,19 +71,17 @@ class Settings:
     interval: timedelta = timedelta(seconds=5)  # sampling, and the pages' refresh
     top_channels: int = 20  # channels with per-channel gauges in /metrics
     page_size: int = 50
-    # Host headers accepted (DNS rebinding): the loopback names when bound there,
-    # None for any (bound to another address, the operator chose who reaches it).
-    allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS
+    # Host headers accepted (DNS rebinding: a page whose name resolves to this address
+    # must not read it or act through it): the loopback names, the address listened on
+    # and the names the operator gave (--allowed-host).
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
+    # Origins whose POSTs are accepted besides the address a request came to: a
+    # proxy's public address (--origin).
+    origins: tuple[str, ...] = ()
 
 
 class BadRequest(Exception):
     """A request the dashboard cannot serve as asked (400, with the reason)."""
-
-
-def _configure(conn: psycopg.Connection[Any]) -> None:
-    # The views' plans are estimated far above jit_above_cost (fairq.clock_offset is
-    # never analyzed): JIT would add ~0.5 s to every read (see fairq.demo.database).
-    conn.execute("SET jit = off")
 
 
 def _safe_next(target: str | None) -> str:
@@ -105,9 +107,11 @@ class Dashboard:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # (A page waits for a connection as long as a read may take, no longer: with
+        # the database down, pages answered after the pool's default 30 s.)
         self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            settings.dsn, min_size=1, max_size=4, open=False, configure=_configure,
-            kwargs={"autocommit": True, "application_name": "fairq dashboard"})
+            settings.dsn, min_size=1, max_size=4, open=False, configure=q.prepare_session,
+            kwargs=q.CONNECTION_OPTIONS, timeout=q.STATEMENT_TIMEOUT_MS / 1000)
         self.sampler = Sampler(self.connection, settings.interval)
         self.csrf = Csrf()
         self.templates = Environment(loader=PackageLoader("fairq.dashboard", "templates"),
@@ -146,10 +150,8 @@ class Dashboard:
 
     def app(self) -> Starlette:
         static = Path(__file__).with_name("static")
-        middleware = []
-        if self.settings.allowed_hosts is not None:
-            middleware.append(Middleware(TrustedHostMiddleware,
-                                         allowed_hosts=list(self.settings.allowed_hosts)))
+        middleware = [Middleware(TrustedHostMiddleware,
+                                 allowed_hosts=list(self.settings.allowed_hosts))]
         return Starlette(routes=[
             Route("/", self.page(self.queues_page)),
             Route("/channels", self.page(self.channels_page)),
@@ -225,17 +227,19 @@ class Dashboard:
     def channels_page(self, request: Request,
                       conn: psycopg.Connection[Any]) -> tuple[str, dict[str, Any]]:
         params = request.query_params
-        queue = params.get("queue") or "default"
+        queue = _text(request, "queue") or "default"
         try:
             sort = q.ChannelSort(params.get("sort", "name"))
             offset = max(0, int(params.get("offset", "0")))
         except ValueError as exc:
             raise BadRequest(f"bad paging or sort: {exc}") from exc
+        if offset > MAX_OFFSET:
+            raise BadRequest(f"bad paging: offset over {MAX_OFFSET}")
         snapshot = self._snapshot()
         started = time.perf_counter()
         page = q.channel_page(conn, queue, sort, self.settings.page_size,
-                              snapshot.reads_messages, after=params.get("after"),
-                              before=params.get("before"), offset=offset)
+                              snapshot.reads_messages, after=_text(request, "after"),
+                              before=_text(request, "before"), offset=offset)
         elapsed = time.perf_counter() - started
         return "channels.html", {
             "active": "channels", "queue": queue, "sort": sort, "sorts": list(q.ChannelSort),
@@ -245,7 +249,7 @@ class Dashboard:
 
     def in_flight_page(self, request: Request,
                        conn: psycopg.Connection[Any]) -> tuple[str, dict[str, Any]]:
-        queue = request.query_params.get("queue") or None
+        queue = _text(request, "queue") or None
         limit = self.settings.page_size
         error = None
         expiring: list[q.InFlightRow] = []
@@ -260,10 +264,10 @@ class Dashboard:
 
     def dead_letters_page(self, request: Request,
                           conn: psycopg.Connection[Any]) -> tuple[str, dict[str, Any]]:
-        queue = request.query_params.get("queue") or None
+        queue = _text(request, "queue") or None
         try:
             page = q.dead_letter_page(conn, queue, self.settings.page_size,
-                                      request.query_params.get("before"))
+                                      _text(request, "before"))
         except (ValueError, psycopg.errors.DataError) as exc:
             raise BadRequest(f"bad paging cursor: {exc}") from exc
         return "dead_letters.html", {"active": "dead_letters", "queue": queue, "page": page}
@@ -279,8 +283,15 @@ class Dashboard:
         if self.settings.read_only:
             return self.render(request, "error.html", {
                 "error": "this dashboard is read-only (--read-only): actions are refused"}, 403)
-        form = dict(parse_qsl((await request.body()).decode("utf-8", "replace")))
-        refusal = self.csrf.refusal(request, form)
+        refusal = self.csrf.origin_refusal(request, self.settings.origins)
+        if refusal is not None:
+            return self.render(request, "error.html", {"error": refusal}, 403)
+        body = await _bounded_body(request)
+        if body is None:
+            return self.render(request, "error.html", {
+                "error": f"request body over {MAX_FORM_BYTES} bytes refused"}, 413)
+        form = dict(parse_qsl(body.decode("utf-8", "replace")))
+        refusal = self.csrf.token_refusal(request, form)
         if refusal is not None:
             return self.render(request, "error.html", {"error": refusal}, 403)
         back = _safe_next(form.get("next"))
@@ -303,6 +314,9 @@ class Dashboard:
                 raise BadRequest(f"missing form field {name!r}")
             return value
 
+        def named(name: str) -> str:  # a queue's or channel's (format.form_name)
+            return fmt.from_form(field(name))
+
         def seconds() -> float | None:
             value = form.get("seconds") or None
             try:
@@ -319,18 +333,41 @@ class Dashboard:
                 run = q.dead_letter_retry if action == "retry" else q.dead_letter_delete
                 return f"dead letter {message_id}: {run(conn, message_id)}"
             if action == "pause-channel":
-                q.pause_channel(conn, field("queue"), field("channel"), seconds())
-                return f"channel {form['channel']} paused"
+                q.pause_channel(conn, named("queue"), named("channel"), seconds())
+                return f"channel {named('channel')} paused"
             if action == "resume-channel":
-                was = q.resume_channel(conn, field("queue"), field("channel"))
-                return f"channel {form['channel']} " + ("resumed" if was else "was not paused")
+                was = q.resume_channel(conn, named("queue"), named("channel"))
+                return f"channel {named('channel')} " + ("resumed" if was else "was not paused")
             if action == "pause-queue":
-                q.pause_queue(conn, field("queue"), seconds())
-                return f"queue {form['queue']} paused"
+                q.pause_queue(conn, named("queue"), seconds())
+                return f"queue {named('queue')} paused"
             if action == "resume-queue":
-                was = q.resume_queue(conn, field("queue"))
-                return f"queue {form['queue']} " + ("resumed" if was else "was not paused")
+                was = q.resume_queue(conn, named("queue"))
+                return f"queue {named('queue')} " + ("resumed" if was else "was not paused")
         raise BadRequest(f"no such action: {action!r}")
+
+
+def _text(request: Request, name: str) -> str | None:
+    """A text parameter of the query string (PostgreSQL's text holds no NUL: one in a
+    name or a cursor failed the page with 500)."""
+    value = request.query_params.get(name)
+    if value is not None and "\x00" in value:
+        raise BadRequest(f"bad {name}: it holds a NUL character")
+    return value
+
+
+async def _bounded_body(request: Request) -> bytes | None:
+    """The body, or None past MAX_FORM_BYTES (read no further: a 200 MB POST, refused
+    afterwards, first took 400 MB)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_FORM_BYTES:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return None
+    return bytes(body)
 
 
 def _now(conn: psycopg.Connection[Any]) -> datetime:

@@ -8,13 +8,20 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from fairq._source import dsn_argument
-__all__ = ["LOOPBACK_HOSTS", "check_database", "main", "missing_extra", "seconds"]
+
+if TYPE_CHECKING:
+    from fairq.dashboard.app import Settings
+
+__all__ = ["LOOPBACK_HOSTS", "WILDCARD_HOSTS", "check_database", "dashboard_settings", "main",
+           "missing_extra", "seconds"]
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # every address: no Host name to accept from it
 EXTRA = ("starlette", "uvicorn", "jinja2", "prometheus_client")
 
 
@@ -49,6 +56,17 @@ def seconds(text: str) -> timedelta:
     return timedelta(seconds=value)
 
 
+def dashboard_settings(dsn: str, *, host: str, allowed_hosts: Sequence[str],
+                       origins: Sequence[str], **options: Any) -> Settings:
+    """The Settings of a dashboard listening on ``host``: it answers to the loopback
+    names, that address (unless it is every address) and ``allowed_hosts``."""
+    from fairq.dashboard.app import Settings
+
+    listened = () if host in (*LOOPBACK_HOSTS, *WILDCARD_HOSTS) else (host,)
+    return Settings(dsn, allowed_hosts=(*LOOPBACK_HOSTS, *listened, *allowed_hosts),
+                    origins=tuple(o.rstrip("/") for o in origins), **options)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fairq dashboard",
@@ -69,19 +87,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="/metrics has per-channel gauges for the N channels with the "
                              "largest ready backlog (default 20; 0: none)")
     parser.add_argument("--page-size", type=int, default=50, help="rows per page (default 50)")
+    parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="a Host name to answer to besides this machine's loopback names "
+                             "and the --host address (the name your proxy forwards); "
+                             "repeatable")
+    parser.add_argument("--origin", action="append", default=[], metavar="URL",
+                        help="an origin whose actions are accepted besides the address a "
+                             "request came to, e.g. https://dash.example.com behind a proxy "
+                             "that ends TLS; repeatable")
     args = parser.parse_args(argv)
     if not args.dsn:
         parser.error("no database: pass --dsn or set DATABASE_URL")
     if missing_extra("fairq dashboard"):
         return 2
-    from fairq.dashboard.app import Dashboard, Settings
+    from fairq.dashboard.app import Dashboard
     from fairq.dashboard.server import bind, serve, url_of
     if args.top_channels < 0 or args.page_size < 1:
         parser.error("--top-channels must be >= 0 and --page-size >= 1")
     loopback = args.host in LOOPBACK_HOSTS
-    settings = Settings(args.dsn, read_only=args.read_only, interval=args.interval,
-                        top_channels=args.top_channels, page_size=args.page_size,
-                        allowed_hosts=LOOPBACK_HOSTS if loopback else None)
+    settings = dashboard_settings(args.dsn, host=args.host, allowed_hosts=args.allowed_host,
+                                  origins=args.origin, read_only=args.read_only,
+                                  interval=args.interval, top_channels=args.top_channels,
+                                  page_size=args.page_size)
     try:
         role = check_database(args.dsn)
         sock = bind(args.host, args.port)
@@ -94,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not loopback:
         print("note: listening beyond this machine: anyone who reaches the port sees the "
               "queues (and may act, unless --read-only); put it behind your own "
-              "authentication", file=sys.stderr)
+              "authentication. It answers only to the Host names "
+              f"{', '.join(settings.allowed_hosts)} (--allowed-host adds one)",
+              file=sys.stderr)
     serve(Dashboard(settings), sock)
     return 0

@@ -47,8 +47,10 @@ class Csrf:
     def set_cookie(self, response: Response, session: str) -> None:
         response.set_cookie(COOKIE, session, httponly=True, samesite="strict", path="/")
 
-    def refusal(self, request: Request, form: dict[str, str]) -> str | None:
-        """Why this POST is refused, or None when it passes both checks."""
+    def origin_refusal(self, request: Request, origins: tuple[str, ...] = ()) -> str | None:
+        """Why this POST is refused by its headers alone (checked before its body is
+        read), or None. ``origins``: those accepted besides the address the request
+        came to (a proxy's public one)."""
         if request.headers.get("sec-fetch-site", "same-origin") not in (
                 "same-origin", "none"):
             return "cross-site request refused (Sec-Fetch-Site)"
@@ -57,8 +59,12 @@ class Csrf:
         if origin is None:
             referer = urlsplit(request.headers.get("referer", ""))
             origin = f"{referer.scheme}://{referer.netloc}" if referer.netloc else None
-        if origin != own:
+        if origin != own and origin not in origins:
             return f"request from another origin refused ({origin or 'no Origin or Referer'})"
+        return None
+
+    def token_refusal(self, request: Request, form: dict[str, str]) -> str | None:
+        """Why this POST's form is refused (no token, or not this browser's), or None."""
         session = request.cookies.get(COOKIE)
         sent = form.get(FIELD, "")
         if not session or not hmac.compare_digest(sent, self.token(session)):

@@ -11,17 +11,67 @@ import argparse
 import contextlib
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import psycopg
 
 from fairq._source import dsn_argument
-from fairq.dashboard.cli import check_database, missing_extra, seconds
+from fairq.dashboard.cli import (
+    LOOPBACK_HOSTS,
+    WILDCARD_HOSTS,
+    check_database,
+    missing_extra,
+    seconds,
+)
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["main", "serve_metrics"]
+
+
+def _host_name(header: str) -> str:
+    """A Host header without its port: "[::1]:9464" is "[::1]", "example:9464" is
+    "example"; a bare IPv6 address ("::1") has none."""
+    if header.startswith("["):
+        return header[:header.find("]") + 1] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def serve_metrics(host: str, port: int, metrics: CollectorRegistry,
+                  allowed_hosts: tuple[str, ...]) -> tuple[WSGIServer, threading.Thread]:
+    """Serves ``metrics`` on a thread, to requests whose Host is one of ``allowed_hosts``
+    (as the dashboard: a page whose DNS name resolves to this address read every queue
+    and channel name)."""
+    from prometheus_client import make_wsgi_app
+
+    app = make_wsgi_app(metrics)
+
+    def checked(environ: dict[str, Any], start_response: Any) -> Any:
+        if _host_name(environ.get("HTTP_HOST", "")) not in allowed_hosts:
+            start_response("400 Bad Request", [("Content-Type", "text/plain")])
+            return [b"Invalid host header\n"]
+        return app(environ, start_response)
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = make_server(host, port, checked, Server, handler_class=QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="fairq-metrics", daemon=True)
+    thread.start()
+    return server, thread
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--once", action="store_true",
                         help="print the metrics once and exit, instead of serving /metrics")
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="a Host name to answer to besides the loopback names and the "
+                             "--host address (the name Prometheus scrapes); repeatable")
     parser.add_argument("--port", type=int, default=9464)
     parser.add_argument("--interval", type=seconds, default=timedelta(seconds=5),
                         help="seconds between samples when serving (default 5)")
@@ -42,14 +95,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("no database: pass --dsn or set DATABASE_URL")
     if missing_extra("fairq metrics", ["prometheus_client"]):
         return 2
-    from prometheus_client import generate_latest, start_http_server
+    from prometheus_client import generate_latest
 
     from fairq.dashboard.metrics import collect_once, live, registry
+    from fairq.dashboard.queries import connect
     from fairq.dashboard.sampler import Sampler
     try:
         check_database(args.dsn)
         if args.once:
-            with psycopg.connect(args.dsn, autocommit=True, options="-c jit=off") as conn:
+            with connect(args.dsn) as conn:
                 data = collect_once(conn, args.top_channels)
             sys.stdout.write(generate_latest(registry(lambda: data)).decode())
             return 0
@@ -57,13 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fairq metrics: {exc}", file=sys.stderr)
         return 1
 
-    def connect() -> psycopg.Connection[tuple[object, ...]]:
-        return psycopg.connect(args.dsn, autocommit=True, options="-c jit=off")
+    def connection() -> psycopg.Connection[Any]:
+        return connect(args.dsn)
 
-    sampler = Sampler(connect, args.interval)
+    sampler = Sampler(connection, args.interval)
     sampler.start()
-    server, thread = start_http_server(args.port, args.host,
-                                       registry(live(sampler, connect, args.top_channels)))
+    listened = () if args.host in (*LOOPBACK_HOSTS, *WILDCARD_HOSTS) else (args.host,)
+    server, thread = serve_metrics(args.host, args.port,
+                                   registry(live(sampler, connection, args.top_channels)),
+                                   (*LOOPBACK_HOSTS, *listened, *args.allowed_host))
     print(f"fairq metrics on http://{args.host}:{server.server_port}/metrics (Ctrl-C stops it)",
           flush=True)
     stopping = threading.Event()

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote, unquote
 
 from fairq.dashboard.queries import Pause
 
-__all__ = ["FILTERS", "age", "count", "pause", "rate", "relative"]
+__all__ = ["FILTERS", "age", "count", "form_name", "from_form", "pause", "rate", "relative"]
 
 
 def count(value: int | None) -> str:
@@ -54,5 +55,17 @@ def rate(release_interval_ms: int) -> str:
     return f"1 per {age(release_interval_ms / 1000)}" if release_interval_ms else "—"
 
 
+def form_name(name: str) -> str:
+    """A queue or channel name for a hidden form field, percent-encoded (the action
+    decodes it: :func:`from_form`). As plain text a CR or LF in a name came back as
+    CRLF (HTML reads CR as LF, a form sends LF as CRLF): Pause acted on another name."""
+    return quote(name, safe="")
+
+
+def from_form(value: str) -> str:
+    return unquote(value)
+
+
 FILTERS: dict[str, Callable[..., Any]] = {
-    "count": count, "age": age, "relative": relative, "pause": pause, "rate": rate}
+    "count": count, "age": age, "relative": relative, "pause": pause, "rate": rate,
+    "form_name": form_name}

@@ -93,7 +93,8 @@ def _gauge(name: str, doc: str, labels: list[str],
 
 def families(data: Collected) -> Iterator[Metric]:
     """The metric families of one exposition."""
-    yield _gauge("fairq_up", "1 when the last read of the database succeeded", [],
+    yield _gauge("fairq_up", "1 when the last read of the database succeeded, and one"
+                 " succeeded within the last three intervals", [],
                  [([], 0.0 if data.snapshot is None or data.error else 1.0)])
     snapshot = data.snapshot
     if snapshot is None:

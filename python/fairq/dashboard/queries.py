@@ -10,11 +10,14 @@ Two kinds of statements live here:
   the functions need the owner or explicit grants, and the database's refusal is shown;
 - the internal table ``fairq.message``, for what 0.7.0 exposes in no view: the age of
   the oldest ready message, messages in flight and their lock expiry, recovered
-  messages. These need SELECT on the table (the owner has it, an observer has not);
+  messages. These need SELECT on it and on fairq.channel and fairq.queue, which they
+  join (the owner has it, an observer has not);
   :func:`can_read_messages` says whether to try, and the pages say when they cannot.
 
 Timestamps of pauses may be ``'infinity'`` (paused until resumed), which psycopg
-cannot load: the statements split them into a finite time and a flag.
+cannot load: the statements split them into a finite time and a flag. Finite times
+past the year 9999 (a tenant may schedule a message for the year 20000) load as
+``datetime.max`` (:mod:`fairq._timestamps`, registered on every connection).
 """
 
 from __future__ import annotations
@@ -28,16 +31,74 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
+from fairq import _timestamps
+
 __all__ = [
-    "ChannelPage", "ChannelRow", "ChannelSort", "Connection", "DeadLetterPage", "DeadLetterRow",
-    "HistoryBucket", "HistoryTotal", "InFlightRow", "Pause", "QueueRow", "RecoveredRow",
-    "can_read_messages", "channel_page", "dead_letter_delete", "dead_letter_page",
-    "dead_letter_retry", "expiring", "history_buckets", "history_recent", "history_totals",
-    "pause_channel", "pause_queue", "queues", "recovered", "resume_channel", "resume_queue",
-    "role_summary", "top_channels",
+    "CONNECTION_OPTIONS",
+    "STATEMENT_TIMEOUT_MS",
+    "ChannelPage",
+    "ChannelRow",
+    "ChannelSort",
+    "Connection",
+    "DeadLetterPage",
+    "DeadLetterRow",
+    "HistoryBucket",
+    "HistoryTotal",
+    "InFlightRow",
+    "Pause",
+    "QueueRow",
+    "RecoveredRow",
+    "can_read_messages",
+    "channel_page",
+    "connect",
+    "dead_letter_delete",
+    "dead_letter_page",
+    "dead_letter_retry",
+    "expiring",
+    "history_buckets",
+    "history_recent",
+    "history_totals",
+    "pause_channel",
+    "pause_queue",
+    "prepare_session",
+    "queues",
+    "recovered",
+    "resume_channel",
+    "resume_queue",
+    "role_summary",
+    "top_channels",
 ]
 
 Connection = psycopg.Connection[Any]
+
+#: The characters of a dead letter's error that its page shows (``fairq dead list`` and
+#: the view show all of it).
+ERROR_CHARS = 2000
+#: How long any dashboard read may take: one that waits longer (for a lock an upgrade or
+#: a VACUUM FULL holds) fails, and the pages and /metrics say so, instead of freezing.
+STATEMENT_TIMEOUT_MS = 10_000
+#: Every dashboard connection's options: a server that stops answering is given up on
+#: (connect in 5 s; TCP keepalives find a dead peer in about 25 s).
+CONNECTION_OPTIONS: dict[str, Any] = {
+    "autocommit": True, "application_name": "fairq dashboard", "connect_timeout": 5,
+    "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+
+
+def prepare_session(conn: Connection) -> None:
+    """Sets up a new connection of the dashboard (the pages', the sampler's, ``fairq
+    metrics``'s)."""
+    # The views' plans are estimated far above jit_above_cost (fairq.clock_offset is
+    # never analyzed): JIT would add ~0.5 s to every read (see fairq.demo.database).
+    conn.execute("SET jit = off")
+    conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+    _timestamps.register(conn)
+
+
+def connect(dsn: str) -> Connection:
+    """A connection of the dashboard's own (``fairq metrics``)."""
+    conn = psycopg.connect(dsn, **CONNECTION_OPTIONS)
+    prepare_session(conn)
+    return conn
 
 # A pause read back as two columns: psycopg cannot load timestamptz 'infinity'.
 _PAUSE = ("CASE WHEN isfinite({col}) THEN {col} END AS paused_until,"
@@ -46,9 +107,11 @@ _PAUSE = ("CASE WHEN isfinite({col}) THEN {col} END AS paused_until,"
 # The oldest ready message's wait, in seconds, of one channel (id :expr): a message is
 # ready when its status is 'ready', or 'scheduled' with a dequeue_at already passed
 # (the view fairq.channels counts both). Both minima come from the partial indexes
-# message_ready_ix and message_scheduled_ix.
+# message_ready_ix and message_scheduled_ix. A message waits from when it was due,
+# but not from before it existed: a producer may pass any dequeue_at, and one backdated
+# to 2000 showed a wait of 26 years (and fired the falling-behind alert at will).
 _OLDEST_READY = """extract(epoch FROM clock_timestamp() - LEAST(
-    (SELECT min(m.dequeue_at) FROM fairq.message m
+    (SELECT min(GREATEST(m.dequeue_at, m.created_at)) FROM fairq.message m
       WHERE m.channel_id = {id} AND m.status = 'ready'),
     (SELECT min(m.dequeue_at) FROM fairq.message m
       WHERE m.channel_id = {id} AND m.status = 'scheduled'
@@ -207,8 +270,12 @@ def _one(conn: Connection, query: str, params: Sequence[object] = ()) -> Any:
 
 
 def can_read_messages(conn: Connection) -> bool:
-    """Whether this role may read the internal table fairq.message (see the module doc)."""
-    return bool(_one(conn, "SELECT has_table_privilege('fairq.message', 'SELECT')"))
+    """Whether this role may read the internal tables fairq.message, fairq.channel and
+    fairq.queue, which the reads of messages join (see the module doc): with the first
+    alone, every page and /metrics failed."""
+    return bool(_one(conn, "SELECT has_table_privilege('fairq.message', 'SELECT')"
+                           " AND has_table_privilege('fairq.channel', 'SELECT')"
+                           " AND has_table_privilege('fairq.queue', 'SELECT')"))
 
 
 def role_summary(conn: Connection) -> tuple[str, bool]:
@@ -226,11 +293,15 @@ def queues(conn: Connection, with_oldest: bool) -> list[QueueRow]:
     The view reads every message once, so its cost grows with the queues' contents."""
     oldest, join = "NULL::float8", ""
     if with_oldest:
-        # One scan of fairq.message for every queue: no index leads with the status.
+        # One scan of fairq.message for every queue: no index leads with the status. A
+        # paused channel's work is not behind: it waits by choice (as _OLDEST_READY).
         oldest = "extract(epoch FROM clock_timestamp() - o.oldest)::float8"
-        join = ("LEFT JOIN (SELECT q.name, min(m.dequeue_at) AS oldest FROM fairq.message m"
-                " JOIN fairq.queue q ON q.id = m.queue_id WHERE m.status = 'ready'"
-                " OR (m.status = 'scheduled' AND m.dequeue_at <= clock_timestamp())"
+        join = ("LEFT JOIN (SELECT q.name, min(GREATEST(m.dequeue_at, m.created_at)) AS oldest"
+                " FROM fairq.message m JOIN fairq.queue q ON q.id = m.queue_id"
+                " JOIN fairq.channel c ON c.id = m.channel_id"
+                " WHERE (m.status = 'ready'"
+                " OR (m.status = 'scheduled' AND m.dequeue_at <= clock_timestamp()))"
+                " AND NOT coalesce(c.paused_until > clock_timestamp(), false)"
                 " GROUP BY q.name) o ON o.name = v.queue")
     query = (f"SELECT v.queue, v.channels, v.size, v.ready, v.scheduled, v.in_flight, v.dead,"
              f" {_PAUSE.format(col='v.paused_until')}, {oldest} AS oldest_ready_s"
@@ -367,8 +438,11 @@ def dead_letter_page(conn: Connection, queue: str | None, limit: int,
     if died_at is not None:
         conditions.append("(died_at, id) < (%(died_at)s::timestamptz, %(id)s)")
     query = f"""
-        SELECT id, queue, channel, num_attempts, error, octet_length(content) AS content_bytes,
-               died_at
+        SELECT id, queue, channel, num_attempts,
+               -- (A page of fifty 1 MB errors was 50 MB, fetched again at every refresh.)
+               CASE WHEN length(error) > {ERROR_CHARS} THEN left(error, {ERROR_CHARS}) || ' …'
+                    ELSE error END AS error,
+               octet_length(content) AS content_bytes, died_at
           FROM fairq.dead_letters
          WHERE {" AND ".join(conditions)}
          ORDER BY died_at DESC, id DESC LIMIT %(limit)s"""

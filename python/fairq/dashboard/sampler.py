@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -31,6 +32,11 @@ from fairq.dashboard.queries import (
 __all__ = ["HOUR", "Sample", "Sampler", "SettledCounters", "Snapshot", "take_snapshot"]
 
 HOUR = timedelta(hours=1)
+#: Intervals without a new sample after which the pages and /metrics say so
+#: (fairq_up 0): a read the database never answers fails no other way.
+STALE_AFTER = 3
+#: How long stop() waits for a read in progress, beyond one interval.
+STOP_WAIT_S = 5.0
 log = logging.getLogger("fairq.dashboard")
 
 
@@ -60,7 +66,9 @@ def take_snapshot(conn: Connection) -> Snapshot:
     reads = can_read_messages(conn)
     row = conn.execute(
         "SELECT clock_timestamp(), has_table_privilege('fairq.message_history', 'SELECT')"
-        " AND (coalesce(current_setting('fairq.history', true), '') IN ('on', 'true', '1')"
+        # (On: a boolean's true spellings, as fairq.setting_on reads them.)
+        " AND (lower(trim(coalesce(current_setting('fairq.history', true), '')))"
+        "      ~ '^(on|1|t(r(ue?)?)?|y(es?)?)$'"
         "      OR EXISTS (SELECT 1 FROM fairq.message_history))").fetchone()
     assert row is not None
     started: datetime = row[0]
@@ -124,11 +132,18 @@ class Sampler:
                  interval: timedelta) -> None:
         self._connect = connect
         self.interval = interval
+        # Two locks: _sampling makes reads of the database one at a time (the counters
+        # add up what each finds), _lock guards what pages and /metrics read, and is
+        # never held across a query: a read that waits (on a lock an upgrade holds)
+        # made every page wait with it.
+        self._sampling = threading.Lock()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._latest: Snapshot | None = None
-        self.error: str | None = None  # the last read's failure, shown on the pages
+        self._latest_at = 0.0  # when it was taken (time.monotonic())
+        self._settled: list[HistoryTotal] = []
+        self._error: str | None = None
         self.started_at: datetime | None = None
         self.samples: deque[Sample] = deque()
         self.counters = SettledCounters()
@@ -142,7 +157,21 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            # (A read the server never answers would hold the thread for ever; it is a
+            # daemon, and ends with the process.)
+            self._thread.join(self.interval.total_seconds() + STOP_WAIT_S)
+
+    @property
+    def error(self) -> str | None:
+        """Why the queues shown may not be current: the last read's failure, or that no
+        read has succeeded for STALE_AFTER intervals (a read still waiting)."""
+        with self._lock:
+            if self._error is not None or self._latest is None:
+                return self._error
+            age = time.monotonic() - self._latest_at
+        if age > STALE_AFTER * self.interval.total_seconds():
+            return f"no new sample for {age:.0f} s (the database has not answered)"
+        return None
 
     def latest(self) -> Snapshot | None:
         with self._lock:
@@ -157,25 +186,28 @@ class Sampler:
         with self._lock:
             if self._latest is None or not self._latest.history:
                 return None
-            return sorted(self.counters.totals.values(), key=lambda t: (t.queue, t.outcome))
+            return list(self._settled)
 
     def sample_now(self) -> Snapshot | None:
         """Reads the queues now (and the history's new rows); on failure keeps the last
         snapshot and records the database's error."""
-        try:
-            with self._connect() as conn:
-                snapshot = take_snapshot(conn)
-                with self._lock:
+        with self._sampling:
+            try:
+                with self._connect() as conn:
+                    snapshot = take_snapshot(conn)
                     if snapshot.history:
                         self.counters.update(conn, snapshot.taken_at)
-        except psycopg.Error as exc:
-            log.warning("sampling the queues failed: %s", exc)
-            with self._lock:
-                self.error = str(exc).strip() or type(exc).__name__
-                return self._latest
+            except psycopg.Error as exc:
+                log.warning("sampling the queues failed: %s", exc)
+                with self._lock:
+                    self._error = str(exc).strip() or type(exc).__name__
+                    return self._latest
+            settled = sorted(self.counters.totals.values(), key=lambda t: (t.queue, t.outcome))
         with self._lock:
-            self.error = None
+            self._error = None
             self._latest = snapshot
+            self._latest_at = time.monotonic()
+            self._settled = settled
             if self.started_at is None:
                 self.started_at = snapshot.taken_at
             self.samples.extend(Sample(snapshot.taken_at, q.queue, q.ready, q.in_flight,
