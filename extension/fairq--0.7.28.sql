@@ -519,7 +519,8 @@ CREATE FUNCTION fairq.setting_on(p_setting text) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
     SELECT CASE lower(coalesce(current_setting(p_setting, true), ''))
-               WHEN '' THEN false WHEN 'off' THEN false WHEN 'on' THEN true
+               WHEN '' THEN false WHEN 'off' THEN false WHEN 'false' THEN false WHEN '0' THEN false
+               WHEN 'on' THEN true WHEN 'true' THEN true WHEN '1' THEN true
                ELSE fairq.setting_boolean(p_setting)
            END
 $$;
