@@ -362,6 +362,11 @@ def test_a_due_time_is_dequeue_at_or_delay_never_both(dsn: str) -> None:
         assert msg.complete() is SettleStatus.COMPLETED  # the refused defer changed nothing
 
 
+def test_a_count_past_the_sqls_integer_is_out_of_range(dsn: str) -> None:
+    with Queue(dsn) as queue, pytest.raises(psycopg.errors.NumericValueOutOfRange):
+        queue.dequeue(LOCK, 2**31)  # was "function fairq.message_dequeue(...) does not exist"
+
+
 def test_a_negative_duration_below_a_millisecond_is_refused(dsn: str) -> None:
     with Queue(dsn) as queue:
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="p_release_interval_ms"):

@@ -204,7 +204,8 @@ def dequeue(lock: timedelta, max_messages: int, *, queue: str) -> Call[list[Row]
     """Rows in DEQUEUED_COLUMNS order; the queues bind them to themselves."""
     return Call(
         f"SELECT {DEQUEUED_COLUMNS} FROM fairq.message_dequeue("
-        "p_lock_ms => %(lock_ms)s, p_max_messages => %(max_messages)s,"
+        # (Cast: a Python int past int4 found no function to call, a baffling error.)
+        "p_lock_ms => %(lock_ms)s::bigint, p_max_messages => %(max_messages)s::integer,"
         " p_queue => %(queue)s::text)",
         {"lock_ms": milliseconds(lock), "max_messages": max_messages, "queue": queue},
         lambda rows: rows)
