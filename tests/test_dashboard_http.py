@@ -359,6 +359,27 @@ def test_a_read_the_database_never_answers_is_reported(dsn: str, scene: Scene) -
         sampler.stop()
 
 
+def test_the_chart_keeps_the_busiest_queues_only(dsn: str) -> None:
+    """An hour of samples of every queue grew without bound with the queues."""
+    from fairq.dashboard.sampler import CHARTED_QUEUES, Sampler
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for n in range(CHARTED_QUEUES + 5):
+            conn.execute("SELECT fairq.message_create_batch(array_fill('c'::text, ARRAY[%s]),"
+                         " array_fill('x'::bytea, ARRAY[%s]), p_queue => %s)",
+                         (n + 1, n + 1, f"q{n:02}"))
+
+    @contextmanager
+    def connect() -> Iterator[psycopg.Connection[Any]]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            yield conn
+
+    sampler = Sampler(connect, timedelta(hours=1))
+    sampler.sample_now()
+    assert sorted(s.queue for s in sampler.sampled()) == [
+        f"q{n:02}" for n in range(5, CHARTED_QUEUES + 5)]
+
+
 def test_metrics_once_prints_the_same(dsn: str, scene: Scene) -> None:
     out = subprocess.run([sys.executable, "-m", "fairq", "metrics", "--once", "--dsn", dsn,
                           "--top-channels", "2"], capture_output=True, text=True, check=True)

@@ -9,6 +9,7 @@ the sampler also keeps the counters of settled messages (see :class:`SettledCoun
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -35,6 +36,9 @@ HOUR = timedelta(hours=1)
 #: Intervals without a new sample after which the pages and /metrics say so
 #: (fairq_up 0): a read the database never answers fails no other way.
 STALE_AFTER = 3
+#: The queues a sample keeps for the chart, the busiest (ready + in flight): an hour of
+#: samples of every queue grew without bound with the queues (3.5 MB/s at 20,000).
+CHARTED_QUEUES = 10
 #: How long stop() waits for a read in progress, beyond one interval.
 STOP_WAIT_S = 5.0
 log = logging.getLogger("fairq.dashboard")
@@ -210,8 +214,10 @@ class Sampler:
             self._settled = settled
             if self.started_at is None:
                 self.started_at = snapshot.taken_at
+            busiest = heapq.nlargest(CHARTED_QUEUES, snapshot.queues,
+                                     key=lambda q: (q.ready + q.in_flight, q.queue))
             self.samples.extend(Sample(snapshot.taken_at, q.queue, q.ready, q.in_flight,
-                                       q.oldest_ready_s) for q in snapshot.queues)
+                                       q.oldest_ready_s) for q in busiest)
             while self.samples and self.samples[0].at < snapshot.taken_at - HOUR:
                 self.samples.popleft()
         return snapshot
