@@ -189,8 +189,10 @@ def tick(driver: ReceivedMessage[Any], now: datetime, queue: str) -> Tick:
     due_at = driver.dequeue_at
     next_at = sched.next_after(due_at, now)
     # Keyed by tick, so the same tick never has two work messages pending at once. The
-    # driver's id, not the name, keeps the key short whatever the name's length.
-    work_key = f"{PERIODIC_CHANNEL}:{driver.id}@{due_at.isoformat()}"
+    # driver's id, not the name, keeps the key short whatever the name's length. In UTC:
+    # the due time comes in the session's time zone, and two workers in two zones that
+    # both received the tick (a lock lapsed) made two keys, and two work messages.
+    work_key = f"{PERIODIC_CHANNEL}:{driver.id}@{due_at.astimezone(UTC).isoformat()}"
     work = _sql.create(sched.channel, sched.content, queue=queue, dequeue_at=None, delay=None,
                        priority=sched.priority, dedup_key=work_key)
     reschedule = _sql.defer(driver.id, driver.num_attempts, dequeue_at=next_at, delay=None,
