@@ -141,7 +141,8 @@ def test_a_tick_is_keyed_by_its_due_time() -> None:
     assert (t.reschedule.params["n"], t.reschedule.params["dequeue_at"]) == (4, t.next_at)
     # The same tick received in another session time zone has the same key.
     tokyo = ReceivedMessage(9, PERIODIC_CHANNEL, sched.encode(), None, 5, 0,
-                            at("2026-11-23T19:00:00+09:00"), False, codec=BytesCodec())
+                            datetime.fromisoformat("2026-11-23T19:00:00+09:00"), False,
+                            codec=BytesCodec())
     again = tick(tokyo, at("2026-11-23T10:00:02+00:00"), "emails")
     assert again.work.params["dedup_key"] == t.work.params["dedup_key"]
 
