@@ -362,6 +362,19 @@ def test_a_due_time_is_dequeue_at_or_delay_never_both(dsn: str) -> None:
         assert msg.complete() is SettleStatus.COMPLETED  # the refused defer changed nothing
 
 
+def test_a_workers_own_connections_time_out_unless_told_otherwise() -> None:
+    """The LISTEN and doorbell connections had no connect timeout: an unreachable host
+    held the worker's loop, and stop(), for minutes."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from fairq._source import side_conninfo
+
+    plain = conninfo_to_dict(side_conninfo("host=db.example dbname=app"))
+    assert (plain["connect_timeout"], plain["keepalives"], plain["dbname"]) == ("10", "1", "app")
+    own = conninfo_to_dict(side_conninfo("postgresql://u@db.example/app?connect_timeout=3"))
+    assert (own["connect_timeout"], own["user"]) == ("3", "u")
+
+
 def test_a_count_past_the_sqls_integer_is_out_of_range(dsn: str) -> None:
     with Queue(dsn) as queue, pytest.raises(psycopg.errors.NumericValueOutOfRange):
         queue.dequeue(LOCK, 2**31)  # was "function fairq.message_dequeue(...) does not exist"

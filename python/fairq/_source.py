@@ -39,6 +39,22 @@ def dsn_argument(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+#: What a worker's own connections (LISTEN, the doorbell) add to the queue's conninfo
+#: unless it says otherwise: a host that stopped answering held a connect, and with it
+#: the worker's loop and stop(), for the system's TCP timeout (minutes); keepalives
+#: find a LISTEN connection whose peer is gone, which otherwise waits for events that
+#: never come.
+SIDE_CONNECTION_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
+                            "keepalives_interval": "10", "keepalives_count": "3"}
+
+
+def side_conninfo(conninfo: str) -> str:
+    """``conninfo`` with :data:`SIDE_CONNECTION_DEFAULTS` where it sets none of its own."""
+    given = conninfo_to_dict(conninfo)
+    return make_conninfo(conninfo, **{k: v for k, v in SIDE_CONNECTION_DEFAULTS.items()
+                                      if k not in given})
+
+
 def conninfo_of(source: Source) -> str | None:
     """A conninfo that opens a new connection to the same database as ``source``, or
     None for a pool whose conninfo is computed by a function.

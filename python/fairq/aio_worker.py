@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 import psycopg
 
 from fairq import _sql, _work, periodic
+from fairq._source import side_conninfo
 from fairq._work import Backoff, Settlement
 from fairq.aio import AsyncQueue
 from fairq.types import AsyncMessage, SettleStatus
@@ -202,7 +203,7 @@ class AsyncWorker(Generic[T]):
             if self._doorbell_conn is None or self._doorbell_conn.closed:
                 assert self.queue.conninfo is not None  # as the doorbell's creation checked
                 self._doorbell_conn = await psycopg.AsyncConnection.connect(
-                    self.queue.conninfo, autocommit=True)
+                    side_conninfo(self.queue.conninfo), autocommit=True)
             cursor = await self._doorbell_conn.execute(call.query, call.params)
             return call.decode(await cursor.fetchall())
         except psycopg.Error as exc:
@@ -218,8 +219,8 @@ class AsyncWorker(Generic[T]):
         self._wake.clear()
 
     async def _listen_loop(self) -> None:
-        conninfo = self.queue.conninfo
-        assert conninfo is not None  # run() checked it
+        assert self.queue.conninfo is not None  # run() checked it
+        conninfo = side_conninfo(self.queue.conninfo)
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(conninfo,

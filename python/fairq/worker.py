@@ -35,6 +35,7 @@ from typing import Any, Generic, TypeVar
 import psycopg
 
 from fairq import _sql, _work, periodic
+from fairq._source import side_conninfo
 from fairq._work import Backoff, Settlement
 from fairq.queue import Queue
 from fairq.types import Message, SettleStatus
@@ -192,7 +193,8 @@ class Worker(Generic[T]):
         try:
             if self._doorbell_conn is None or self._doorbell_conn.closed:
                 assert self.queue.conninfo is not None  # as the doorbell's creation checked
-                self._doorbell_conn = psycopg.connect(self.queue.conninfo, autocommit=True)
+                self._doorbell_conn = psycopg.connect(side_conninfo(self.queue.conninfo),
+                                                      autocommit=True)
             return call.decode(self._doorbell_conn.execute(call.query, call.params).fetchall())
         except psycopg.Error as exc:
             if self._doorbell_conn is not None:
@@ -209,7 +211,7 @@ class Worker(Generic[T]):
         assert self.queue.conninfo is not None  # run() checked it
         while not self._finished.is_set():
             try:
-                with psycopg.connect(self.queue.conninfo, autocommit=True) as conn:
+                with psycopg.connect(side_conninfo(self.queue.conninfo), autocommit=True) as conn:
                     conn.execute("LISTEN fairq")
                     self._wake.set()  # anything sent before LISTEN took effect
                     while not self._finished.is_set():
