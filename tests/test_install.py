@@ -176,6 +176,24 @@ def test_upgrade_applies_scripts_in_order(plain_dsn: str, tmp_path: Path) -> Non
         assert upgrade(conn, scripts) == []  # already there
 
 
+def test_an_operator_planted_on_the_search_path_is_not_bound_into_fairq(plain_dsn: str) -> None:
+    """The install ran with the installer's search_path: an `=` on (anyenum, text) in
+    public won overload resolution in the index predicates and views, and ran as the
+    owner at every message written (whoever could create in public became superuser)."""
+    with psycopg.connect(plain_dsn, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION public.planted_eq(anyenum, text) RETURNS boolean"
+                     " LANGUAGE sql IMMUTABLE AS $$ SELECT $1::text = $2 $$")
+        conn.execute("CREATE OPERATOR public.= (LEFTARG = anyenum, RIGHTARG = text,"
+                     " FUNCTION = public.planted_eq)")
+    _installed(plain_dsn)
+    with psycopg.connect(plain_dsn, autocommit=True) as conn:
+        bound = conn.execute(
+            "SELECT count(*) FROM pg_depend WHERE refobjid = 'public.planted_eq(anyenum, text)'"
+            "::regprocedure OR refobjid = (SELECT oid FROM pg_operator WHERE oprname = '='"
+            " AND oprnamespace = 'public'::regnamespace)").fetchone()
+        assert bound == (1,)  # the operator's own dependency on its function, nothing else
+
+
 def test_a_script_runs_as_create_extension_runs_it(plain_dsn: str, tmp_path: Path) -> None:
     """Function bodies are not checked as they are created (CREATE EXTENSION turns
     check_function_bodies off): an SQL function may call one created after it."""

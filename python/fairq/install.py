@@ -78,8 +78,13 @@ class Scripts:
 def _run_script(conn: Connection, path: Path) -> None:
     sql = _GUARD.sub("", path.read_text()).replace("@extschema@", "fairq")
     # As CREATE EXTENSION runs a script: function bodies are not checked as they are
-    # created (an SQL function may call one the script creates after it).
+    # created (an SQL function may call one the script creates after it), and names
+    # resolve in fairq and pg_catalog only. With the installer's search_path, an
+    # operator planted in public (`=` on an enum and text) was bound into the index
+    # predicates and views, and ran as the owner at every insert: any role that could
+    # create objects in public became superuser.
     conn.execute("SET LOCAL check_function_bodies = off")
+    conn.execute("SET LOCAL search_path = fairq, pg_catalog, pg_temp")
     # No parameters: psycopg sends the script as one simple query, many statements.
     conn.execute(sql.encode())
 
