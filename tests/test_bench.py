@@ -23,11 +23,14 @@ import pytest
 from fairq import bench
 from fairq.bench.churn import churn_channel
 from fairq.bench.database import SCHEMA, check, prepare_database, reset
+from fairq.bench.fairness import UNSERVED_LIGHT_WAITS, backlogged_tenants
 from fairq.bench.output import clean, table
 from fairq.bench.plots import write_plots
+from fairq.bench.stats import jain
 from fairq.bench.suite import SCENARIOS
 from fairq.bench.targets import targets
 from fairq.bench.throughput import _gatekeeper, sustained
+from fairq.bench.workloads import _channel_sql
 from fairq.cluster import Cluster
 
 KEYS = (
@@ -187,6 +190,49 @@ def test_churn_tenants_come_and_go() -> None:
         first_seen.setdefault(t, i)
     # A tenant's messages span about a window's worth of the run (10,000 * 50 / 950).
     assert max(last_seen[t] - first_seen[t] for t in first_seen) < 600
+
+
+def test_jain_counts_a_backlogged_tenant_that_got_nothing() -> None:
+    """A tenant left backlogged with no delivery in the window vanished from the index
+    (a paused bulk tenant: 0.99999, "met"); a drained one is named, not counted."""
+    backlogged, drained = backlogged_tenants(
+        {"bulk-0": 10, "bulk-1": 1125, "heavy": 50, "bulk-2": 0, "light-3": 1},
+        {"bulk-0": 300, "heavy": 310, "bulk-2": 40, "light-3": 5})
+    assert backlogged == {"bulk-0": 300, "bulk-1": 0, "heavy": 310}
+    assert drained == {"bulk-2"}
+    assert jain(list(backlogged.values())) < 0.7
+
+
+def test_light_messages_never_handed_out_count_with_the_wait_they_had(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT fairq.message_create('light-0', 'x',"
+                     " clock_timestamp() - interval '2 s')")
+        conn.execute("SELECT fairq.message_create('heavy', 'x')")
+        waits = [w for (w,) in conn.execute(UNSERVED_LIGHT_WAITS)]
+    assert len(waits) == 1 and waits[0] >= 2
+
+
+def test_producers_spread_messages_uniformly(dsn: str) -> None:
+    """The batched producers rounded a random number: channels 1 and c got half the
+    share of the others."""
+    sizes = dataclasses.replace(bench.QUICK, channels=10)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT setseed(0.25)")
+        counts = dict(conn.execute(f"SELECT ch, count(*) FROM (SELECT {_channel_sql(sizes)} AS ch"
+                                   " FROM generate_series(1, 100000)) d GROUP BY 1").fetchall())
+    assert sorted(counts) == list(range(1, 11))
+    assert min(counts.values()) > 9000 and max(counts.values()) < 11000
+
+
+def test_a_database_holding_any_fairq_data_is_refused(dsn: str) -> None:
+    """Only messages and channels were looked at: dead letters, history and paused
+    queues were wiped."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT fairq.queue_pause('billing')")
+    with pytest.raises(RuntimeError, match=r"fairq\.queue"):
+        prepare_database(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM fairq.queue").fetchone() == (1,)
 
 
 def test_main_rejects_unknown_scenarios() -> None:

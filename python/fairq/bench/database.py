@@ -16,8 +16,8 @@ from fairq.bench.progress import Log
 from fairq.bench.sizes import Sizes
 from fairq.bench.threads import Threads
 
-__all__ = ["LOCK_MS", "PAYLOAD", "PAYLOAD_SQL", "SCHEMA", "Conn", "check", "connect", "load",
-           "prepare_database", "relation_sizes", "reset", "retrying", "scalar", "settle",
+__all__ = ["LOCK_MS", "PAYLOAD", "PAYLOAD_SQL", "SCHEMA", "Conn", "check", "clean_up", "connect",
+           "load", "prepare_database", "relation_sizes", "reset", "retrying", "scalar", "settle",
            "table_stats"]
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -105,12 +105,23 @@ def prepare_database(dsn: str) -> None:
     """Makes sure fairq is installed and empty, and creates the reference schema."""
     with connect(dsn) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS fairq")
-        busy = scalar(conn, "SELECT (SELECT count(*) FROM (SELECT 1 FROM fairq.message LIMIT 1) m)"
-                            " + (SELECT count(*) FROM (SELECT 1 FROM fairq.channel LIMIT 1) c)")
-        if busy:
-            raise RuntimeError("fairq bench: the database already holds fairq messages or"
-                               " channels; point --dsn at a database dedicated to the bench")
+        # Every table the bench empties (it checked two, and wiped dead letters, history
+        # and queues' pauses).
+        held = [table for table in FAIRQ_TABLES
+                if scalar(conn, f"SELECT EXISTS (SELECT FROM {table})")]
+        if held:
+            raise RuntimeError(f"fairq bench: the database already holds fairq data"
+                               f" ({', '.join(held)}); point --dsn at a database dedicated"
+                               " to the bench")
     reset(dsn)
+
+
+def clean_up(dsn: str) -> None:
+    """Leaves a database as prepare_database found it: fairq's tables empty, no
+    reference schema (so the next run accepts it)."""
+    with connect(dsn) as conn:
+        conn.execute(f"TRUNCATE {', '.join(FAIRQ_TABLES)}")
+        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
 
 
 def reset(dsn: str) -> None:

@@ -15,7 +15,7 @@ from fairq.bench.sizes import Sizes
 from fairq.bench.stats import jain, quantile, ratio
 from fairq.bench.threads import Threads
 
-__all__ = ["fairness_scenario", "light_phase"]
+__all__ = ["UNSERVED_LIGHT_WAITS", "backlogged_tenants", "fairness_scenario", "light_phase"]
 
 
 DEQUEUE_WAIT = ("SELECT d.id, d.channel, d.num_attempts,"
@@ -67,8 +67,17 @@ def _light_producer(dsn: str, sizes: Sizes, stop: threading.Event, seconds: floa
     sent[0] = n
 
 
-def light_phase(dsn: str, sizes: Sizes) -> tuple[Deliveries, int]:
-    """Light tenants at a steady rate, consumers polling, for fair_phase_s seconds."""
+# The light messages still waiting when a phase ends: how long each has waited so far.
+UNSERVED_LIGHT_WAITS = ("SELECT extract(epoch FROM clock_timestamp() - m.dequeue_at)::float8"
+                        " FROM fairq.message m JOIN fairq.channel c ON c.id = m.channel_id"
+                        " WHERE c.name LIKE 'light-%'")
+
+
+def light_phase(dsn: str, sizes: Sizes) -> tuple[Deliveries, int, list[float]]:
+    """Light tenants at a steady rate, consumers polling, for fair_phase_s seconds. Also
+    returns how long each light message never handed out had waited when the phase
+    ended: a wait at least that long (left out, starving light tenants lowered no
+    percentile)."""
     out = Deliveries()
     sent = [0]
     consumers = Threads()
@@ -85,13 +94,27 @@ def light_phase(dsn: str, sizes: Sizes) -> tuple[Deliveries, int]:
         time.sleep(0.05)
     consumers.stop.set()
     consumers.join(60)
-    return out, sent[0]
+    with connect(dsn) as conn:
+        unserved = [float(w) for (w,) in conn.execute(UNSERVED_LIGHT_WAITS)]
+    return out, sent[0], unserved
+
+
+def backlogged_tenants(remaining: dict[str, int],
+                       served: dict[str, int]) -> tuple[dict[str, int], set[str]]:
+    """For Jain's index: the loaded tenants (heavy, bulk-*) still holding messages after
+    the window, with what each was served, 0 included (counted only when served, a
+    starved tenant vanished from the index: the worst unfairness read as fair); and
+    the loaded tenants that drained within it (their counts would understate them)."""
+    loaded = {c for c in (*remaining, *served) if c == "heavy" or c.startswith("bulk-")}
+    backlogged = {c: served.get(c, 0) for c in loaded if remaining.get(c, 0) > 0}
+    return backlogged, {c for c in loaded if c in served and c not in backlogged}
 
 
 def fairness_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
     reset(dsn)
-    base, base_sent = light_phase(dsn, sizes)
-    base_waits = [r[2] for r in base.rows if r[1].startswith("light-")]
+    base, base_sent, base_unserved = light_phase(dsn, sizes)
+    base_served = [r[2] for r in base.rows if r[1].startswith("light-")]
+    base_waits = base_served + base_unserved
     log(f"  without heavy tenant: {len(base_waits)} light messages,"
         f" p99 wait {quantile(base_waits, 0.99) * 1e3:.2f} ms")
 
@@ -99,8 +122,9 @@ def fairness_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
     load(dsn, lambda i: "heavy", sizes.fair_heavy, sizes, log, "heavy backlog")
     with connect(dsn) as conn:
         settle(conn)
-    loaded, loaded_sent = light_phase(dsn, sizes)
-    light_waits = [r[2] for r in loaded.rows if r[1].startswith("light-")]
+    loaded, loaded_sent, loaded_unserved = light_phase(dsn, sizes)
+    light_served = [r[2] for r in loaded.rows if r[1].startswith("light-")]
+    light_waits = light_served + loaded_unserved
     heavy_served = sum(1 for r in loaded.rows if r[1] == "heavy")
     log(f"  with heavy backlog {sizes.fair_heavy:,}: {len(light_waits)} light messages,"
         f" p99 wait {quantile(light_waits, 0.99) * 1e3:.2f} ms; heavy served {heavy_served:,}")
@@ -130,25 +154,25 @@ def fairness_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
         served: dict[str, int] = {}
         for _, channel, _ in window.rows:
             served[channel] = served.get(channel, 0) + 1
-        backlogged = {c: n for c, n in served.items() if remaining.get(c, 0) > 0}
-        if len(backlogged) == len(served) >= 2:
+        backlogged, drained = backlogged_tenants(remaining, served)
+        if not drained and len(backlogged) >= 2:
             break
         each *= 2
     jain_index = jain(list(backlogged.values()))
     log(f"  {len(backlogged)} backlogged tenants served {sum(backlogged.values()):,} messages"
         f" in {sizes.jain_window_s:g} s: Jain index {jain_index:.4f}")
     return {
-        "baseline": {"light_sent": base_sent, "light_served": len(base_waits),
+        "baseline": {"light_sent": base_sent, "light_served": len(base_served),
                      "p50_wait_ms": quantile(base_waits, 0.5) * 1e3,
                      "p99_wait_ms": quantile(base_waits, 0.99) * 1e3},
-        "heavy": {"light_sent": loaded_sent, "light_served": len(light_waits),
+        "heavy": {"light_sent": loaded_sent, "light_served": len(light_served),
                   "heavy_served": heavy_served, "heavy_backlog": sizes.fair_heavy,
                   "p50_wait_ms": quantile(light_waits, 0.5) * 1e3,
                   "p99_wait_ms": quantile(light_waits, 0.99) * 1e3},
         "ratio": ratio(quantile(light_waits, 0.99), quantile(base_waits, 0.99)),
         "deadlocks_retried": base.deadlocks[0] + loaded.deadlocks[0] + window.deadlocks[0],
         "jain": {"index": jain_index, "served": backlogged,
-                 "tenants_drained": sorted(set(served) - set(backlogged)),
+                 "tenants_drained": sorted(drained),
                  "window_s": sizes.jain_window_s},
         "series": {"heavy_phase": [(round(t, 4), c, round(w * 1e3, 3)) for t, c, w in loaded.rows],
                    "baseline_phase": [(round(t, 4), c, round(w * 1e3, 3)) for t, c, w in base.rows],

@@ -34,6 +34,14 @@ class Pgbench:
                                 env=env)
 
     @staticmethod
+    def stop(procs: list[subprocess.Popen[str]]) -> None:
+        """Ends whichever of ``procs`` still run."""
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+    @staticmethod
     def finish(proc: subprocess.Popen[str], seconds: int) -> str:
         try:
             out, err = proc.communicate(timeout=seconds + 60)

@@ -90,8 +90,9 @@ def write_plots(results: dict[str, Any], directory: Path) -> list[Path]:
         for tenant in tenants:
             times = [t for t, c in window if c == tenant]
             bottom.step(times, range(1, len(times) + 1), where="post", label=tenant)
-        bottom.set_title(f"Backlogged tenants: cumulative deliveries"
-                         f" (Jain index {fairness['jain']['index']:.4f})")
+        jain = fairness["jain"]["index"]  # (None when it could not be computed)
+        bottom.set_title("Backlogged tenants: cumulative deliveries"
+                         + (f" (Jain index {jain:.4f})" if jain is not None else ""))
         bottom.set_xlabel("seconds")
         bottom.set_ylabel("messages served")
         if tenants:

@@ -57,7 +57,8 @@ def _channel_sql(sizes: Sizes) -> str:
     c = sizes.channels
     if sizes.channel_spread == "zipf":
         return f"floor(power({c + 1}, random()))::int"
-    return f"(1 + (random() * {c - 1})::int)"
+    # (floor, not a cast: a cast rounds, and channels 1 and c got half the others' share.)
+    return f"(1 + floor(random() * {c})::int)"
 
 
 def channel_number(sizes: Sizes, rng: random.Random) -> int:
