@@ -465,6 +465,28 @@ BEGIN
 END
 $$;
 
+-- Every call that creates, hands out, settles or changes the eligibility of messages
+-- reads in snapshots taken after the locks it holds: a channel's row after its
+-- producer lock (the collector may have removed it), whether a channel has anything
+-- pending after its settle lock (a producer may have committed), an eligible channel
+-- after a wait. Under REPEATABLE READ or SERIALIZABLE every statement of the
+-- transaction reads in its first snapshot, and those reads could be stale: a message
+-- was created on a channel the collector had removed, and never handed out. So these
+-- calls refuse them (0A000), before anything is changed.
+CREATE FUNCTION fairq.require_read_committed(p_call text) RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION '% needs READ COMMITTED isolation, and this transaction is %', p_call,
+                        upper(current_setting('transaction_isolation'))
+            USING ERRCODE = '0A000',
+                  HINT = 'Call it in a READ COMMITTED transaction, PostgreSQL''s default'
+                         ' (see default_transaction_isolation).';
+    END IF;
+END
+$$;
+
 -- A setting that holds a duration (fairq.idle_channel_ttl, fairq.dequeue_busy_wait):
 -- unset or empty means p_default. Anything else must read as an interval from 0 to
 -- 1,000 years (far enough to mean "never", near enough that now minus it is still a
@@ -2220,7 +2242,8 @@ DECLARE
     v_now timestamptz := fairq.clock();
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    PERFORM fairq.require_read_committed('fairq.channel_set'),
+            fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM fairq.require_limit(p_max_concurrency, 'p_max_concurrency');
     PERFORM fairq.require_duration(p_release_interval_ms, 0, 'p_release_interval_ms');
     PERFORM fairq.require_limit(p_max_size, 'p_max_size');
@@ -2263,7 +2286,8 @@ DECLARE
     v_queue_id integer;
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    PERFORM fairq.require_read_committed('fairq.channel_clear'),
+            fairq.require_channel_name(p_channel, 'p_channel');
     v_queue_id := (fairq.queue_lookup(p_queue, 'p_queue')).id;
     IF v_queue_id IS NULL OR NOT EXISTS (
             SELECT 1 FROM fairq.channel c
@@ -2294,7 +2318,8 @@ DECLARE
     v_now timestamptz := fairq.clock();
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    PERFORM fairq.require_read_committed('fairq.channel_pause'),
+            fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM fairq.require_future(p_until, v_now, 'p_until');
     v_channel := fairq.channel_for_policy(fairq.queue_for_producer(p_queue, 'p_queue'), p_channel);
     v_channel.paused_until := p_until;
@@ -2312,7 +2337,8 @@ DECLARE
     v_queue_id integer;
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    PERFORM fairq.require_read_committed('fairq.channel_resume'),
+            fairq.require_channel_name(p_channel, 'p_channel');
     v_queue_id := (fairq.queue_lookup(p_queue, 'p_queue')).id;
     IF v_queue_id IS NULL OR NOT EXISTS (
             SELECT 1 FROM fairq.channel c
@@ -2410,7 +2436,8 @@ DECLARE
     v_bad integer;
     i integer;
 BEGIN
-    PERFORM fairq.require_batch_array(fairq.require(p_contents, 'p_contents'), 'p_contents', v_count, 'p_channels');
+    PERFORM fairq.require_read_committed('fairq.message_create_batch'),
+            fairq.require_batch_array(fairq.require(p_contents, 'p_contents'), 'p_contents', v_count, 'p_channels');
     PERFORM fairq.require_batch_array(p_dequeue_ats, 'p_dequeue_ats', v_count, 'p_channels');
     PERFORM fairq.require_batch_array(p_priorities, 'p_priorities', v_count, 'p_channels');
     PERFORM fairq.require_batch_array(p_dedup_keys, 'p_dedup_keys', v_count, 'p_channels');
@@ -2615,7 +2642,8 @@ DECLARE
     v_duplicate bigint;  -- the live message that already has p_dedup_key
 BEGIN
     -- (Each statement costs; the checks are one, in argument order.)
-    PERFORM fairq.require_channel_name(p_channel, 'p_channel'), fairq.require(p_content, 'p_content'),
+    PERFORM fairq.require_read_committed('fairq.message_create'),
+            fairq.require_channel_name(p_channel, 'p_channel'), fairq.require(p_content, 'p_content'),
             fairq.require_dedup_key(p_dedup_key, 'p_dedup_key'),
             fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
     v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
@@ -2967,7 +2995,8 @@ DECLARE
     v_attempts_capped boolean;
     v_uneven boolean;  -- the round may end before the last channel picked
 BEGIN
-    PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
+    PERFORM fairq.require_read_committed('fairq.message_dequeue'),
+            fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
     -- The queue, and two questions about it, in one statement (each statement costs):
     --   * has its earliest lock expired (one probe of message_locked_ix)?
     --   * would fairq.join_rotation find anything: a channel whose wait is over, or a
@@ -3279,7 +3308,8 @@ DECLARE
     v_asked integer;    -- the queue fairq.worker_sleeps was last asked about
     v_sleeps boolean;
 BEGIN
-    PERFORM fairq.require_batch_array(fairq.require(p_ids, 'p_ids'), 'p_ids');
+    PERFORM fairq.require_read_committed('fairq.message_complete_batch'),
+            fairq.require_batch_array(fairq.require(p_ids, 'p_ids'), 'p_ids');
     PERFORM fairq.require_batch_array(fairq.require(p_num_attempts, 'p_num_attempts'), 'p_num_attempts',
                                       cardinality(p_ids), 'p_ids');
     IF array_position(p_ids, NULL) IS NOT NULL THEN
@@ -3403,7 +3433,8 @@ DECLARE
     v_channel fairq.channel;
     v_woke boolean := false;
 BEGIN
-    PERFORM fairq.require(p_id, 'p_id'), fairq.require(p_num_attempts, 'p_num_attempts');
+    PERFORM fairq.require_read_committed('fairq.message_complete'),
+            fairq.require(p_id, 'p_id'), fairq.require(p_num_attempts, 'p_num_attempts');
     -- The fenced delete locks the message as it removes it: one statement, one row
     -- lock, where locking first and deleting after would write the row twice.
     DELETE FROM fairq.message m
@@ -3446,7 +3477,8 @@ DECLARE
     v_message fairq.message;
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require(p_id, 'p_id');
+    PERFORM fairq.require_read_committed('fairq.message_defer'),
+            fairq.require(p_id, 'p_id');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
     PERFORM fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
     IF (fairq.held_message(p_id, p_num_attempts)).id IS NULL THEN
@@ -3502,7 +3534,8 @@ DECLARE
     v_message fairq.message;
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require(p_id, 'p_id');
+    PERFORM fairq.require_read_committed('fairq.message_fail'),
+            fairq.require(p_id, 'p_id');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
     IF (fairq.held_message(p_id, p_num_attempts)).id IS NULL THEN
         RETURN fairq.miss(p_id, 'stale');
@@ -3530,7 +3563,8 @@ DECLARE
     v_message fairq.message;
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require(p_id, 'p_id');
+    PERFORM fairq.require_read_committed('fairq.message_cancel'),
+            fairq.require(p_id, 'p_id');
     DELETE FROM fairq.message WHERE id = p_id AND status <> 'locked'
     RETURNING * INTO v_message;
     IF NOT FOUND THEN
@@ -3571,7 +3605,8 @@ DECLARE
     v_for_producer record;
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require(p_id, 'p_id');
+    PERFORM fairq.require_read_committed('fairq.dead_letter_retry'),
+            fairq.require(p_id, 'p_id');
     DELETE FROM fairq.dead_letter WHERE id = p_id RETURNING * INTO v_dead;
     IF NOT FOUND THEN
         RETURN 'not_found';

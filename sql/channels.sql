@@ -689,7 +689,8 @@ DECLARE
     v_now timestamptz := fairq.clock();
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    PERFORM fairq.require_read_committed('fairq.channel_set'),
+            fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM fairq.require_limit(p_max_concurrency, 'p_max_concurrency');
     PERFORM fairq.require_duration(p_release_interval_ms, 0, 'p_release_interval_ms');
     PERFORM fairq.require_limit(p_max_size, 'p_max_size');
@@ -732,7 +733,8 @@ DECLARE
     v_queue_id integer;
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    PERFORM fairq.require_read_committed('fairq.channel_clear'),
+            fairq.require_channel_name(p_channel, 'p_channel');
     v_queue_id := (fairq.queue_lookup(p_queue, 'p_queue')).id;
     IF v_queue_id IS NULL OR NOT EXISTS (
             SELECT 1 FROM fairq.channel c
@@ -763,7 +765,8 @@ DECLARE
     v_now timestamptz := fairq.clock();
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    PERFORM fairq.require_read_committed('fairq.channel_pause'),
+            fairq.require_channel_name(p_channel, 'p_channel');
     PERFORM fairq.require_future(p_until, v_now, 'p_until');
     v_channel := fairq.channel_for_policy(fairq.queue_for_producer(p_queue, 'p_queue'), p_channel);
     v_channel.paused_until := p_until;
@@ -781,7 +784,8 @@ DECLARE
     v_queue_id integer;
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require_channel_name(p_channel, 'p_channel');
+    PERFORM fairq.require_read_committed('fairq.channel_resume'),
+            fairq.require_channel_name(p_channel, 'p_channel');
     v_queue_id := (fairq.queue_lookup(p_queue, 'p_queue')).id;
     IF v_queue_id IS NULL OR NOT EXISTS (
             SELECT 1 FROM fairq.channel c

@@ -70,7 +70,8 @@ DECLARE
     v_bad integer;
     i integer;
 BEGIN
-    PERFORM fairq.require_batch_array(fairq.require(p_contents, 'p_contents'), 'p_contents', v_count, 'p_channels');
+    PERFORM fairq.require_read_committed('fairq.message_create_batch'),
+            fairq.require_batch_array(fairq.require(p_contents, 'p_contents'), 'p_contents', v_count, 'p_channels');
     PERFORM fairq.require_batch_array(p_dequeue_ats, 'p_dequeue_ats', v_count, 'p_channels');
     PERFORM fairq.require_batch_array(p_priorities, 'p_priorities', v_count, 'p_channels');
     PERFORM fairq.require_batch_array(p_dedup_keys, 'p_dedup_keys', v_count, 'p_channels');
@@ -275,7 +276,8 @@ DECLARE
     v_duplicate bigint;  -- the live message that already has p_dedup_key
 BEGIN
     -- (Each statement costs; the checks are one, in argument order.)
-    PERFORM fairq.require_channel_name(p_channel, 'p_channel'), fairq.require(p_content, 'p_content'),
+    PERFORM fairq.require_read_committed('fairq.message_create'),
+            fairq.require_channel_name(p_channel, 'p_channel'), fairq.require(p_content, 'p_content'),
             fairq.require_dedup_key(p_dedup_key, 'p_dedup_key'),
             fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
     v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');

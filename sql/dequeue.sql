@@ -259,7 +259,8 @@ DECLARE
     v_attempts_capped boolean;
     v_uneven boolean;  -- the round may end before the last channel picked
 BEGIN
-    PERFORM fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
+    PERFORM fairq.require_read_committed('fairq.message_dequeue'),
+            fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
     -- The queue, and two questions about it, in one statement (each statement costs):
     --   * has its earliest lock expired (one probe of message_locked_ix)?
     --   * would fairq.join_rotation find anything: a channel whose wait is over, or a

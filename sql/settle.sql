@@ -69,7 +69,8 @@ DECLARE
     v_asked integer;    -- the queue fairq.worker_sleeps was last asked about
     v_sleeps boolean;
 BEGIN
-    PERFORM fairq.require_batch_array(fairq.require(p_ids, 'p_ids'), 'p_ids');
+    PERFORM fairq.require_read_committed('fairq.message_complete_batch'),
+            fairq.require_batch_array(fairq.require(p_ids, 'p_ids'), 'p_ids');
     PERFORM fairq.require_batch_array(fairq.require(p_num_attempts, 'p_num_attempts'), 'p_num_attempts',
                                       cardinality(p_ids), 'p_ids');
     IF array_position(p_ids, NULL) IS NOT NULL THEN
@@ -193,7 +194,8 @@ DECLARE
     v_channel fairq.channel;
     v_woke boolean := false;
 BEGIN
-    PERFORM fairq.require(p_id, 'p_id'), fairq.require(p_num_attempts, 'p_num_attempts');
+    PERFORM fairq.require_read_committed('fairq.message_complete'),
+            fairq.require(p_id, 'p_id'), fairq.require(p_num_attempts, 'p_num_attempts');
     -- The fenced delete locks the message as it removes it: one statement, one row
     -- lock, where locking first and deleting after would write the row twice.
     DELETE FROM fairq.message m
@@ -236,7 +238,8 @@ DECLARE
     v_message fairq.message;
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require(p_id, 'p_id');
+    PERFORM fairq.require_read_committed('fairq.message_defer'),
+            fairq.require(p_id, 'p_id');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
     PERFORM fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
     IF (fairq.held_message(p_id, p_num_attempts)).id IS NULL THEN
@@ -292,7 +295,8 @@ DECLARE
     v_message fairq.message;
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require(p_id, 'p_id');
+    PERFORM fairq.require_read_committed('fairq.message_fail'),
+            fairq.require(p_id, 'p_id');
     PERFORM fairq.require(p_num_attempts, 'p_num_attempts');
     IF (fairq.held_message(p_id, p_num_attempts)).id IS NULL THEN
         RETURN fairq.miss(p_id, 'stale');
@@ -320,7 +324,8 @@ DECLARE
     v_message fairq.message;
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require(p_id, 'p_id');
+    PERFORM fairq.require_read_committed('fairq.message_cancel'),
+            fairq.require(p_id, 'p_id');
     DELETE FROM fairq.message WHERE id = p_id AND status <> 'locked'
     RETURNING * INTO v_message;
     IF NOT FOUND THEN
@@ -361,7 +366,8 @@ DECLARE
     v_for_producer record;
     v_channel fairq.channel;
 BEGIN
-    PERFORM fairq.require(p_id, 'p_id');
+    PERFORM fairq.require_read_committed('fairq.dead_letter_retry'),
+            fairq.require(p_id, 'p_id');
     DELETE FROM fairq.dead_letter WHERE id = p_id RETURNING * INTO v_dead;
     IF NOT FOUND THEN
         RETURN 'not_found';

@@ -161,6 +161,28 @@ BEGIN
 END
 $$;
 
+-- Every call that creates, hands out, settles or changes the eligibility of messages
+-- reads in snapshots taken after the locks it holds: a channel's row after its
+-- producer lock (the collector may have removed it), whether a channel has anything
+-- pending after its settle lock (a producer may have committed), an eligible channel
+-- after a wait. Under REPEATABLE READ or SERIALIZABLE every statement of the
+-- transaction reads in its first snapshot, and those reads could be stale: a message
+-- was created on a channel the collector had removed, and never handed out. So these
+-- calls refuse them (0A000), before anything is changed.
+CREATE FUNCTION fairq.require_read_committed(p_call text) RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION '% needs READ COMMITTED isolation, and this transaction is %', p_call,
+                        upper(current_setting('transaction_isolation'))
+            USING ERRCODE = '0A000',
+                  HINT = 'Call it in a READ COMMITTED transaction, PostgreSQL''s default'
+                         ' (see default_transaction_isolation).';
+    END IF;
+END
+$$;
+
 -- A setting that holds a duration (fairq.idle_channel_ttl, fairq.dequeue_busy_wait):
 -- unset or empty means p_default. Anything else must read as an interval from 0 to
 -- 1,000 years (far enough to mean "never", near enough that now minus it is still a

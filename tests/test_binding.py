@@ -362,6 +362,29 @@ def test_a_due_time_is_dequeue_at_or_delay_never_both(dsn: str) -> None:
         assert msg.complete() is SettleStatus.COMPLETED  # the refused defer changed nothing
 
 
+def test_a_queues_own_pool_works_where_the_default_isolation_is_another(dsn: str) -> None:
+    """fairq's calls refuse REPEATABLE READ (sql/validate.sql): a database that defaults
+    to it made every call of a queue with its own pool fail."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        dbname = conn.info.dbname
+        conn.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_isolation'
+                     " = 'repeatable read'")
+    with Queue(dsn) as queue:
+        assert queue.send("a", b"x").status is CreateStatus.CREATED
+        [msg] = queue.dequeue(LOCK)
+        assert msg.complete() is SettleStatus.COMPLETED
+
+    async def scenario() -> None:
+        async with AsyncQueue(dsn) as aqueue:
+            assert (await aqueue.send("a", b"y")).status is CreateStatus.CREATED
+            [amsg] = await aqueue.dequeue(LOCK)
+            assert await amsg.complete() is SettleStatus.COMPLETED
+    asyncio.run(scenario())
+    with psycopg.connect(dsn, autocommit=True) as conn, \
+            pytest.raises(psycopg.errors.FeatureNotSupported, match="READ COMMITTED"):
+        Queue(conn).send("a", b"z")  # a connection of the caller's keeps its own setting
+
+
 def test_a_workers_own_connections_time_out_unless_told_otherwise() -> None:
     """The LISTEN and doorbell connections had no connect timeout: an unreachable host
     held the worker's loop, and stop(), for minutes."""

@@ -236,7 +236,18 @@ def test_tenant_text_cannot_drive_the_terminal(dsn: str) -> None:
         assert "\\x1b]0;owned" in result.stdout
 
 
-def test_queue_and_pause_errors(dsn: str) -> None:
+def test_one_shot_commands_work_where_the_default_isolation_is_another(dsn: str) -> None:
+    """fairq's calls refuse REPEATABLE READ; `send` and `channel set` failed with 0A000
+    on a database that defaults to it."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{conn.info.dbname}" SET default_transaction_isolation'
+                     " = 'repeatable read'")
+    for args in (("send", "a", "hello"), ("channel", "set", "a", "--max-concurrency", "2")):
+        result = fairq("--dsn", dsn, *args)
+        assert result.returncode == 0, result.stderr
+
+
+
     past = fairq("queue", "pause", "emails", "--until", "2001-01-01T00:00:00Z", dsn=dsn)
     assert past.returncode == 1 and "p_until" in past.stderr
     garbage = fairq("channel", "pause", "a", "--until", "tomorrow", dsn=dsn)

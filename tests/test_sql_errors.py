@@ -34,6 +34,7 @@ NOT_NULL = "22004"  # null_value_not_allowed
 INVALID = "22023"  # invalid_parameter_value
 OUT_OF_RANGE = "22003"  # numeric_value_out_of_range
 NO_SUCH_ROLE = "42704"  # undefined_object
+FEATURE_NOT_SUPPORTED = "0A000"
 
 INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
 INT8_MIN, INT8_MAX = -(2**63), 2**63 - 1
@@ -316,6 +317,46 @@ def test_null_and_invalid_map_to_the_documented_exception_classes(populated: Pop
         populated.conn.execute("SELECT * FROM fairq.message_dequeue(NULL)")
     with pytest.raises(psycopg.errors.InvalidParameterValue):
         populated.conn.execute("SELECT * FROM fairq.message_dequeue(0)")
+
+
+# -- Isolation ---------------------------------------------------------------------------
+
+GUARDED_CALLS = {
+    "message_create": "SELECT * FROM fairq.message_create('a', 'x')",
+    "message_create_batch": "SELECT * FROM fairq.message_create_batch('{a}', '{x}')",
+    "message_dequeue": "SELECT * FROM fairq.message_dequeue(30000)",
+    "message_complete": "SELECT fairq.message_complete(1, 1)",
+    "message_complete_batch": "SELECT * FROM fairq.message_complete_batch('{1}', '{1}')",
+    "message_defer": "SELECT fairq.message_defer(1, 1)",
+    "message_fail": "SELECT fairq.message_fail(1, 1, 'x')",
+    "message_cancel": "SELECT fairq.message_cancel(1)",
+    "dead_letter_retry": "SELECT fairq.dead_letter_retry(1)",
+    "channel_set": "SELECT fairq.channel_set('a', p_weight => 2)",
+    "channel_clear": "SELECT fairq.channel_clear('a')",
+    "channel_pause": "SELECT fairq.channel_pause('a')",
+    "channel_resume": "SELECT fairq.channel_resume('a')",
+}
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+@pytest.mark.parametrize("name", GUARDED_CALLS)
+def test_a_call_that_needs_fresh_snapshots_refuses_other_isolation_levels(
+        populated: Populated, name: str, level: str) -> None:
+    """Under REPEATABLE READ every statement reads in the transaction's first snapshot:
+    a worker's dequeue collected another queue's channel that a producer had just
+    given a message, and the message was never handed out."""
+    conn = populated.conn
+    before = snapshot(conn)
+    conn.execute(f"BEGIN ISOLATION LEVEL {level}")
+    try:
+        with pytest.raises(psycopg.Error) as excinfo:
+            conn.execute(GUARDED_CALLS[name])
+    finally:
+        conn.execute("ROLLBACK")
+    error = excinfo.value
+    assert (error.sqlstate, f"fairq.{name} needs READ COMMITTED" in str(error)) == (
+        FEATURE_NOT_SUPPORTED, True), str(error)
+    assert snapshot(conn) == before
 
 
 # -- Settings ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-__all__ = ["CHECK_AFTER_S", "owned_async_pool", "owned_pool"]
+__all__ = ["CHECK_AFTER_S", "SESSION_SETUP", "owned_async_pool", "owned_pool"]
 
 #: How long a connection may sit in the pool and still be handed out unchecked.
 CHECK_AFTER_S = 1.0
@@ -42,15 +42,25 @@ class _IdleSince:
         return since is None or time.monotonic() - since >= CHECK_AFTER_S
 
 
+#: Set on each new connection of a queue's own pool: fairq's calls refuse any other
+#: isolation (sql/validate.sql), and a database whose default is another made every
+#: call of the queue fail.
+SESSION_SETUP = "SET default_transaction_isolation = 'read committed'"
+
+
 def owned_pool(conninfo: str, size: int) -> ConnectionPool[Any]:
     idle = _IdleSince()
+
+    def configure(conn: Any) -> None:
+        conn.execute(SESSION_SETUP)
+        idle.now(conn)
 
     def check(conn: Any) -> None:
         if idle.idle_long(conn):
             ConnectionPool.check_connection(conn)
 
     return ConnectionPool(conninfo, min_size=1, max_size=size, kwargs={"autocommit": True},
-                          open=True, name="fairq", configure=idle.now, check=check,
+                          open=True, name="fairq", configure=configure, check=check,
                           reset=idle.now)
 
 
@@ -62,8 +72,13 @@ def owned_async_pool(conninfo: str, size: int) -> AsyncConnectionPool[Any]:
         if idle.idle_long(conn):
             await AsyncConnectionPool.check_connection(conn)
 
+    async def configure(conn: Any) -> None:
+        await conn.execute(SESSION_SETUP)
+        idle.now(conn)
+
     async def now(conn: Any) -> None:
         idle.now(conn)
 
     return AsyncConnectionPool(conninfo, min_size=1, max_size=size, kwargs={"autocommit": True},
-                               open=False, name="fairq", configure=now, check=check, reset=now)
+                               open=False, name="fairq", configure=configure, check=check,
+                               reset=now)

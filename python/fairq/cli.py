@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from fairq import __version__, _timestamps
+from fairq import __version__, _pools, _timestamps
 from fairq._source import dsn_argument
 from fairq.aio import AsyncQueue
 from fairq.aio_worker import AsyncWorker
@@ -262,6 +262,7 @@ def _run(args: argparse.Namespace) -> None:
 
     # One-shot commands: one connection, so that an unreachable database fails at once.
     with psycopg.connect(args.dsn, autocommit=True) as conn:
+        conn.execute(_pools.SESSION_SETUP)  # as a queue's own pool: fairq needs it
         # `stats` without --queue and `dead retry` (by id) concern no one queue.
         name = getattr(args, "queue", None)
         queue = Queue(conn, name=DEFAULT_QUEUE if name is None else name)

@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
-from fairq import _timestamps
+from fairq import _pools, _timestamps
 
 __all__ = [
     "CONNECTION_OPTIONS",
@@ -91,6 +91,7 @@ def prepare_session(conn: Connection) -> None:
     # never analyzed): JIT would add ~0.5 s to every read (see fairq.demo.database).
     conn.execute("SET jit = off")
     conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+    conn.execute(_pools.SESSION_SETUP)  # (the actions call fairq, which needs it)
     _timestamps.register(conn)
 
 
