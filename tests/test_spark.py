@@ -229,6 +229,18 @@ def test_bad_rows_fail_clearly(spark: Any, conn: psycopg.Connection[Any]) -> Non
     assert landed(conn)[0] == 0
 
 
+def test_writers_work_where_the_default_isolation_is_another(
+        spark: Any, conn: psycopg.Connection[Any]) -> None:
+    """fairq's calls refuse REPEATABLE READ (0.7.28): the writers' own connections set
+    READ COMMITTED, as the package's pools do."""
+    from fairq.spark import enqueue
+
+    conn.execute(f'ALTER DATABASE "{conn.info.dbname}" SET default_transaction_isolation'
+                 " = 'repeatable read'")
+    df = spark.createDataFrame([("c", "x"), ("d", "y")], "ch string, body string")
+    assert enqueue(df, conn.info.dsn, channel="ch", content="body").created == 2
+
+
 def test_chunks_cut_by_rows_and_by_content_bytes() -> None:
     from fairq.spark.messages import chunks
 

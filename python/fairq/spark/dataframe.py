@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from fairq.spark.messages import (
     DEFAULT_QUEUE,
     chunks,
+    connect,
     create_messages,
     project,
     require_named_queues,
@@ -49,7 +50,6 @@ def _write_partition(rows: Iterable[Any], *, dsn: str, queue: str, batch_size: i
     batches before it; the task's rerun finds them again as duplicates (with dedup
     keys). Spark applies the accumulator updates of one successful attempt only.
     """
-    import psycopg
 
     from fairq.types import CreateStatus
 
@@ -58,7 +58,7 @@ def _write_partition(rows: Iterable[Any], *, dsn: str, queue: str, batch_size: i
     if first is None:  # an empty partition opens no connection
         return
     tally: dict[CreateStatus, int] = dict.fromkeys(CreateStatus, 0)
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with connect(dsn) as conn:
         for batch in itertools.chain([first], batches):
             for status, count in create_messages(conn, batch, queue).items():
                 tally[status] += count
@@ -90,9 +90,8 @@ def enqueue(df: DataFrame, dsn: str, *, channel: str | Column, content: str | Co
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    import psycopg
 
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with connect(dsn) as conn:
         require_named_queues(conn)
     sc = df.sparkSession.sparkContext
     counters = (sc.accumulator(0), sc.accumulator(0), sc.accumulator(0))

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from fairq import _pools
 from fairq.queue import Queue
 from fairq.types import CreateStatus, NewMessage
 
@@ -131,6 +132,16 @@ def chunks(rows: Iterable[Any], size: int, max_bytes: int = CHUNK_BYTES) -> Iter
         content_bytes += row_bytes
     if batch:
         yield batch
+
+
+def connect(dsn: str) -> psycopg.Connection[Any]:
+    """An autocommit connection for the writers, in READ COMMITTED whatever the
+    database's default: fairq's calls refuse any other isolation."""
+    import psycopg
+
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute(_pools.SESSION_SETUP)
+    return conn
 
 
 def create_messages(conn: psycopg.Connection[Any], rows: Sequence[Sequence[Any]],

@@ -35,6 +35,7 @@ from fairq.spark.messages import (
     DEFAULT_QUEUE,
     MESSAGE_COLUMNS,
     chunks,
+    connect,
     create_messages,
     project,
     require_named_queues,
@@ -128,7 +129,6 @@ def _write_part(rows: Iterable[Any], *, dsn: str, schema: str, query_id: str, si
                 batch_id: int, parts: int, queue: str, batch_size: int) -> None:
     """Runs on an executor: writes one part of a batch (this task's partition) in one
     transaction, unless another attempt has committed it."""
-    import psycopg
     from pyspark import TaskContext
 
     from fairq.types import CreateStatus
@@ -139,7 +139,7 @@ def _write_part(rows: Iterable[Any], *, dsn: str, schema: str, query_id: str, si
     part = context.partitionId()
     key = {"query_id": query_id, "sink": sink, "batch_id": batch_id, "part": part}
     table = _table(schema)
-    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+    with connect(dsn) as conn, conn.transaction():
         # The claim comes first: an attempt at the same part that is writing now holds
         # its key until it commits (then this one skips) or rolls back (then this one
         # writes).
@@ -217,14 +217,13 @@ class QueueSink:
     def write_batch(self, batch_df: DataFrame, batch_id: int) -> SinkBatchResult:
         """Writes micro-batch ``batch_id`` (what an earlier attempt at it has not
         committed) and reports on the whole batch."""
-        import psycopg
 
         query_id = batch_df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
         if query_id is None:
             raise RuntimeError("a QueueSink writes the micro-batches of a streaming query"
                                " (writeStream.foreachBatch(sink)), and Spark names no running"
                                f" query on this thread (local property {_QUERY_ID_PROPERTY})")
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        with connect(self.dsn) as conn:
             if not self._checked:
                 require_named_queues(conn)
                 ensure_progress_table(conn, self.progress_schema)
