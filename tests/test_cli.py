@@ -44,6 +44,16 @@ def test_help_and_usage_errors() -> None:
     assert missing_handler.returncode == 2 and "no_such_module" in missing_handler.stderr
 
 
+def test_worker_max_attempts_may_be_none() -> None:
+    """Worker(max_attempts=None), which the docs advise for a fresh budget after each
+    retry, could not be asked for from the command line."""
+    from fairq.cli import _parser
+
+    args = _parser().parse_args(["--dsn", "dbname=x", "worker", "json:loads",
+                                 "--max-attempts", "none"])
+    assert args.max_attempts is None
+
+
 @pytest.mark.parametrize("args", [("send", "a", "x", "--delay", "inf"),
                                   ("send", "a", "x", "--delay", "1e20"),
                                   ("send", "a", "x", "--delay", "-1"),

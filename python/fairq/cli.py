@@ -67,6 +67,11 @@ def _seconds(text: str) -> timedelta:
             f"expected a number of seconds, at least 0, got {text!r}") from None
 
 
+def _attempts(text: str) -> int | None:
+    """A worker's max_attempts: a number, or "none" (Worker's max_attempts=None)."""
+    return None if text.lower() == "none" else int(text)
+
+
 def _moment(text: str) -> datetime:
     """An ISO 8601 time; without an offset, this machine's local time."""
     # Before Python 3.11, fromisoformat does not read the "Z" of UTC.
@@ -158,7 +163,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--codec", choices=sorted(CODECS), default="bytes")
     sub.add_argument("--lock", type=_seconds, default=timedelta(seconds=30),
                      help="seconds a message stays locked between heartbeats' extensions")
-    sub.add_argument("--max-attempts", type=int, default=5)
+    sub.add_argument("--max-attempts", type=_attempts, default=5,
+                     help="deliveries before the worker buries a failing message (default"
+                          " 5; none: leave it to the channel's max_attempts)")
     sub.add_argument("--grace", type=_seconds, default=timedelta(seconds=30),
                      help="seconds in-flight handlers get to finish on SIGTERM")
     sub.add_argument("--poll", type=_seconds, default=timedelta(seconds=5),
