@@ -472,19 +472,26 @@ $$;
 -- after a wait. Under REPEATABLE READ or SERIALIZABLE every statement of the
 -- transaction reads in its first snapshot, and those reads could be stale: a message
 -- was created on a channel the collector had removed, and never handed out. So these
--- calls refuse them (0A000), before anything is changed.
-CREATE FUNCTION fairq.require_read_committed(p_call text) RETURNS void
+-- calls refuse them (0A000), before anything is changed. (The test is a SQL function
+-- inlined into the statement that calls it: every dequeue, create and completion asks,
+-- and only a refusal calls plpgsql.)
+CREATE FUNCTION fairq.refuse_isolation(p_call text) RETURNS void
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION '% needs READ COMMITTED isolation, and this transaction is %', p_call,
-                        upper(current_setting('transaction_isolation'))
-            USING ERRCODE = '0A000',
-                  HINT = 'Call it in a READ COMMITTED transaction, PostgreSQL''s default'
-                         ' (see default_transaction_isolation).';
-    END IF;
+    RAISE EXCEPTION '% needs READ COMMITTED isolation, and this transaction is %', p_call,
+                    upper(current_setting('transaction_isolation'))
+        USING ERRCODE = '0A000',
+              HINT = 'Call it in a READ COMMITTED transaction, PostgreSQL''s default'
+                     ' (see default_transaction_isolation).';
 END
+$$;
+
+CREATE FUNCTION fairq.require_read_committed(p_call text) RETURNS void
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN current_setting('transaction_isolation') <> 'read committed'
+                THEN fairq.refuse_isolation(p_call) END
 $$;
 
 -- A setting that holds a duration (fairq.idle_channel_ttl, fairq.dequeue_busy_wait):
@@ -990,9 +997,9 @@ COMMENT ON FUNCTION fairq.queue_resume(text) IS
 --   * a dead letter keeps everything needed to put the message back.
 
 -- Whether a call should send its event. fairq.events (read by fairq.events_setting)
--- = 'doorbell' (the default) and 'wake' ('on' too) send only the events that may wake a sleeping worker: the call
--- made work available that was not (p_wakes); with 'doorbell' the caller then also
--- asks fairq.worker_sleeps. 'all' sends every event, 'off' none. Every NOTIFY holds
+-- = 'doorbell' (the default) and 'wake' ('on' too) send only the events that may
+-- wake a sleeping worker: the call made work available that was not (p_wakes); with
+-- 'doorbell' the caller then also asks fairq.worker_sleeps. 'all' sends every event, 'off' none. Every NOTIFY holds
 -- a database-wide lock from commit until its WAL is flushed, so events that wake
 -- nobody are what serialises a busy queue's commits.
 CREATE FUNCTION fairq.events_wanted(p_wakes boolean) RETURNS boolean

@@ -24,9 +24,9 @@
 --   * a dead letter keeps everything needed to put the message back.
 
 -- Whether a call should send its event. fairq.events (read by fairq.events_setting)
--- = 'doorbell' (the default) and 'wake' ('on' too) send only the events that may wake a sleeping worker: the call
--- made work available that was not (p_wakes); with 'doorbell' the caller then also
--- asks fairq.worker_sleeps. 'all' sends every event, 'off' none. Every NOTIFY holds
+-- = 'doorbell' (the default) and 'wake' ('on' too) send only the events that may
+-- wake a sleeping worker: the call made work available that was not (p_wakes); with
+-- 'doorbell' the caller then also asks fairq.worker_sleeps. 'all' sends every event, 'off' none. Every NOTIFY holds
 -- a database-wide lock from commit until its WAL is flushed, so events that wake
 -- nobody are what serialises a busy queue's commits.
 CREATE FUNCTION fairq.events_wanted(p_wakes boolean) RETURNS boolean

@@ -168,19 +168,26 @@ $$;
 -- after a wait. Under REPEATABLE READ or SERIALIZABLE every statement of the
 -- transaction reads in its first snapshot, and those reads could be stale: a message
 -- was created on a channel the collector had removed, and never handed out. So these
--- calls refuse them (0A000), before anything is changed.
-CREATE FUNCTION fairq.require_read_committed(p_call text) RETURNS void
+-- calls refuse them (0A000), before anything is changed. (The test is a SQL function
+-- inlined into the statement that calls it: every dequeue, create and completion asks,
+-- and only a refusal calls plpgsql.)
+CREATE FUNCTION fairq.refuse_isolation(p_call text) RETURNS void
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION '% needs READ COMMITTED isolation, and this transaction is %', p_call,
-                        upper(current_setting('transaction_isolation'))
-            USING ERRCODE = '0A000',
-                  HINT = 'Call it in a READ COMMITTED transaction, PostgreSQL''s default'
-                         ' (see default_transaction_isolation).';
-    END IF;
+    RAISE EXCEPTION '% needs READ COMMITTED isolation, and this transaction is %', p_call,
+                    upper(current_setting('transaction_isolation'))
+        USING ERRCODE = '0A000',
+              HINT = 'Call it in a READ COMMITTED transaction, PostgreSQL''s default'
+                     ' (see default_transaction_isolation).';
 END
+$$;
+
+CREATE FUNCTION fairq.require_read_committed(p_call text) RETURNS void
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN current_setting('transaction_isolation') <> 'read committed'
+                THEN fairq.refuse_isolation(p_call) END
 $$;
 
 -- A setting that holds a duration (fairq.idle_channel_ttl, fairq.dequeue_busy_wait):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -318,8 +319,8 @@ def _drop_sessions(dsn: str) -> None:
               " WHERE datname = current_database() AND pid <> pg_backend_pid()")
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(f"SELECT pg_terminate_backend(pid) FROM ({others}) o")
-        while admin.execute(others).fetchone():
-            pass  # gone once the backends have exited
+        while admin.execute(others).fetchone():  # gone once the backends have exited
+            time.sleep(0.01)
 
 
 def test_an_owned_pool_replaces_a_connection_the_server_dropped(

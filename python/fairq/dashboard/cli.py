@@ -17,8 +17,8 @@ from fairq._source import dsn_argument
 if TYPE_CHECKING:
     from fairq.dashboard.app import Settings
 
-__all__ = ["LOOPBACK_HOSTS", "WILDCARD_HOSTS", "check_database", "dashboard_settings", "main",
-           "missing_extra", "seconds"]
+__all__ = ["LOOPBACK_HOSTS", "WILDCARD_HOSTS", "answered_hosts", "check_database",
+           "dashboard_settings", "main", "missing_extra", "seconds"]
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # every address: no Host name to accept from it
@@ -56,14 +56,20 @@ def seconds(text: str) -> timedelta:
     return timedelta(seconds=value)
 
 
+def answered_hosts(host: str, allowed_hosts: Sequence[str]) -> tuple[str, ...]:
+    """The Host names a server listening on ``host`` answers to (the dashboard and
+    ``fairq metrics``): the loopback names, that address (unless it is every
+    address) and ``allowed_hosts``."""
+    listened = () if host in (*LOOPBACK_HOSTS, *WILDCARD_HOSTS) else (host,)
+    return (*LOOPBACK_HOSTS, *listened, *allowed_hosts)
+
+
 def dashboard_settings(dsn: str, *, host: str, allowed_hosts: Sequence[str],
                        origins: Sequence[str], **options: Any) -> Settings:
-    """The Settings of a dashboard listening on ``host``: it answers to the loopback
-    names, that address (unless it is every address) and ``allowed_hosts``."""
+    """The Settings of a dashboard listening on ``host`` (see :func:`answered_hosts`)."""
     from fairq.dashboard.app import Settings
 
-    listened = () if host in (*LOOPBACK_HOSTS, *WILDCARD_HOSTS) else (host,)
-    return Settings(dsn, allowed_hosts=(*LOOPBACK_HOSTS, *listened, *allowed_hosts),
+    return Settings(dsn, allowed_hosts=answered_hosts(host, allowed_hosts),
                     origins=tuple(o.rstrip("/") for o in origins), **options)
 
 

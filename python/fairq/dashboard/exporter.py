@@ -23,13 +23,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import psycopg
 
 from fairq._source import dsn_argument
-from fairq.dashboard.cli import (
-    LOOPBACK_HOSTS,
-    WILDCARD_HOSTS,
-    check_database,
-    missing_extra,
-    seconds,
-)
+from fairq.dashboard.cli import answered_hosts, check_database, missing_extra, seconds
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -116,10 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sampler = Sampler(connection, args.interval)
     sampler.start()
-    listened = () if args.host in (*LOOPBACK_HOSTS, *WILDCARD_HOSTS) else (args.host,)
     server, thread = serve_metrics(args.host, args.port,
                                    registry(live(sampler, connection, args.top_channels)),
-                                   (*LOOPBACK_HOSTS, *listened, *args.allowed_host))
+                                   answered_hosts(args.host, args.allowed_host))
     print(f"fairq metrics on http://{args.host}:{server.server_port}/metrics (Ctrl-C stops it)",
           flush=True)
     stopping = threading.Event()
