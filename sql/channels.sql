@@ -161,6 +161,7 @@ AS $$
 DECLARE
     v_missing bigint;  -- names with no committed row at the creation locks' look (NULL: not looked)
     v_made bigint[] := '{}';
+    v_names integer;  -- how many distinct names
 BEGIN
     -- (Every look for the names below is a lookup per name: OFFSET 0 keeps each a
     -- subplan keyed by the name. Planned while the table was small, as a session's
@@ -168,8 +169,8 @@ BEGIN
     -- scan by queue, read every channel of the queue at each call: one transaction
     -- making n new channels took time in n².)
     IF p_in_bulk IS NULL THEN
-        p_in_bulk := fairq.producing_in_bulk(p_queue_id, (SELECT count(DISTINCT u.name)::integer
-                                                            FROM unnest(p_names) AS u(name)));
+        v_names := (SELECT count(DISTINCT u.name)::integer FROM unnest(p_names) AS u(name));
+        p_in_bulk := fairq.producing_in_bulk(p_queue_id, v_names);  -- (inlined: a plain argument)
         IF NOT p_in_bulk THEN
             PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
                                                  fairq.producer_lock_key(p_queue_id, n.name))
@@ -575,7 +576,18 @@ $$;
 -- With p_enforce, admits only what fits under max_size and returns how many of
 -- p_delta (> 0) were admitted; without it (removals, operator retries) the count
 -- just moves. The caller holds the channel row (lock order: channel, then size).
+-- (SQL, inlined into its callers: an unbounded channel, the common case, costs no
+-- call.)
 CREATE FUNCTION fairq.channel_resize(p_channel fairq.channel, p_delta integer, p_enforce boolean)
+RETURNS integer
+LANGUAGE sql
+AS $$
+    SELECT CASE WHEN p_channel.max_size IS NULL THEN p_delta
+                ELSE fairq.bounded_channel_resize(p_channel, p_delta, p_enforce) END
+$$;
+
+-- fairq.channel_resize of a channel that has a max_size.
+CREATE FUNCTION fairq.bounded_channel_resize(p_channel fairq.channel, p_delta integer, p_enforce boolean)
 RETURNS integer
 LANGUAGE plpgsql
 AS $$
@@ -583,9 +595,6 @@ DECLARE
     v_size integer;
     v_admitted integer := p_delta;
 BEGIN
-    IF p_channel.max_size IS NULL THEN
-        RETURN p_delta;
-    END IF;
     IF p_enforce THEN
         SELECT size INTO v_size FROM fairq.channel_size WHERE channel_id = p_channel.id FOR UPDATE;
         v_admitted := LEAST(p_delta, GREATEST(0, p_channel.max_size - v_size));

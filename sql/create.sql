@@ -235,7 +235,7 @@ BEGIN
     -- A message wakes workers only where its channel's turn moved earlier, and only
     -- when one may sleep (asked once per call).
     IF fairq.events_wanted(cardinality(v_woken) > 0) THEN
-        IF fairq.worker_sleeps(v_queue_id) THEN
+        IF fairq.worker_may_sleep(p_queue) THEN
             PERFORM fairq.notify_event('created', v_queue_id, c.name, min(u.id),
                                        min(coalesce(u.dequeue_at, v_now)))
                FROM unnest(v_channel_of, v_ids, v_statuses, p_dequeue_ats) AS u(channel_id, id, status, dequeue_at)
@@ -280,7 +280,10 @@ BEGIN
             fairq.require_channel_name(p_channel, 'p_channel'), fairq.require(p_content, 'p_content'),
             fairq.require_dedup_key(p_dedup_key, 'p_dedup_key'),
             fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
-    v_queue_id := fairq.queue_for_producer(p_queue, 'p_queue');
+    -- (A known queue is looked up here: a plpgsql call per message cost more than
+    -- the lookup.)
+    v_queue_id := coalesce((SELECT q.id FROM fairq.queue q WHERE q.name = p_queue),
+                           fairq.queue_for_producer(p_queue, 'p_queue'));
     -- The producer lock first, as in the batch path: under it the row read next
     -- cannot be collected, and its max_size cannot change (channel_set takes the
     -- lock exclusively). Then the settle lock (the subquery is taken first), and the
@@ -351,7 +354,7 @@ BEGIN
                    AND cardinality(fairq.channels_wake(v_queue_id, ARRAY[v_channel.id], ARRAY[v_due_at],
                                                        v_now)) > 0);
     IF fairq.events_wanted(v_wakes) THEN
-        IF fairq.worker_sleeps(v_queue_id) THEN
+        IF fairq.worker_may_sleep(p_queue) THEN
             PERFORM fairq.notify_event('created', v_queue_id, p_channel, v_id, v_due_at);
         END IF;
     END IF;

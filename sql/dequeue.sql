@@ -258,14 +258,16 @@ DECLARE
     v_clock_fresh boolean := false;  -- v_now was read after the last pick that found something
     v_attempts_capped boolean;
     v_uneven boolean;  -- the round may end before the last channel picked
+    v_collect boolean;  -- the collector's turn was due when the call began
 BEGIN
     PERFORM fairq.require_read_committed('fairq.message_dequeue'),
             fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
-    -- The queue, and two questions about it, in one statement (each statement costs):
+    -- The queue, and three questions, in one statement (each statement costs):
     --   * has its earliest lock expired (one probe of message_locked_ix)?
     --   * would fairq.join_rotation find anything: a channel whose wait is over, or a
     --     queued wake? On a busy queue every due channel is already in the rotation,
-    --     and two probes cost less than the call.
+    --     and two probes cost less than the call;
+    --   * is the collector's turn due (read without its lock, taken at the end)?
     SELECT q.id, q.paused_until,
            (SELECT m.id FROM fairq.message m
              WHERE m.queue_id = q.id AND m.locked_until <= v_now
@@ -273,8 +275,9 @@ BEGIN
            EXISTS (SELECT 1 FROM fairq.channel c
                     WHERE c.queue_id = q.id
                       AND c.turn_at > fairq.in_rotation() AND c.turn_at <= v_now)
-           OR EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = q.id)
-      INTO v_queue_id, v_paused_until, v_expired, v_joiners
+           OR EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = q.id),
+           EXISTS (SELECT 1 FROM fairq.channel_collection k WHERE k.collected_at <= v_now - interval '1 s')
+      INTO v_queue_id, v_paused_until, v_expired, v_joiners, v_collect
       FROM fairq.queue q WHERE q.name = p_queue;
     IF NOT FOUND THEN
         PERFORM fairq.require_channel_name(p_queue, 'p_queue');
@@ -487,6 +490,9 @@ BEGIN
     END LOOP;
     -- The collector's turn, if nobody ran it in the last second (its row is taken
     -- with SKIP LOCKED: no dequeue waits for another's collection).
+    IF NOT v_collect THEN
+        RETURN;
+    END IF;
     PERFORM FROM fairq.channel_collection k WHERE k.collected_at <= v_now - interval '1 s'
         FOR UPDATE SKIP LOCKED;
     IF FOUND THEN

@@ -13,7 +13,7 @@
 --     exclusively), and only after a quiet answer looks for work one last time and
 --     sleeps. A call that made work available takes the producing lock shared, held
 --     until it commits, then tries the doorbell exclusively and sends its event only
---     when that fails (fairq.worker_sleeps; it also sends it when the producing lock
+--     when that fails (fairq.worker_may_sleep; it also sends it when the producing lock
 --     is refused, which only a worker holding the doorbell does, for an instant). So
 --     either it tried after the worker took the doorbell, and its event wakes the
 --     worker, or it tried before and held the producing lock since, so the worker's
@@ -26,7 +26,7 @@
 -- Whether a call should send its event. fairq.events (read by fairq.events_setting)
 -- = 'doorbell' (the default) and 'wake' ('on' too) send only the events that may
 -- wake a sleeping worker: the call made work available that was not (p_wakes); with
--- 'doorbell' the caller then also asks fairq.worker_sleeps. 'all' sends every event, 'off' none. Every NOTIFY holds
+-- 'doorbell' the caller then also asks fairq.worker_may_sleep. 'all' sends every event, 'off' none. Every NOTIFY holds
 -- a database-wide lock from commit until its WAL is flushed, so events that wake
 -- nobody are what serialises a busy queue's commits.
 CREATE FUNCTION fairq.events_wanted(p_wakes boolean) RETURNS boolean
@@ -35,32 +35,32 @@ AS $$
     SELECT CASE fairq.events_setting() WHEN 'all' THEN true WHEN 'off' THEN false ELSE p_wakes END
 $$;
 
--- For a call about to send wake events of queue p_queue_id (fairq.events_wanted said
+-- For a call about to send wake events of queue p_queue (fairq.events_wanted said
 -- yes): whether a worker of the queue may be asleep. With fairq.events = 'doorbell'
 -- (or unset) that is whether a worker holds the queue's doorbell; the producing lock
--- taken first is held until commit (see this file's header). Other settings: true.
--- (The doorbell is tried at session level and let go at once: held to commit, it
--- would make concurrent producers take each other for sleeping workers.)
+-- taken first is held until commit (see this file's header), and is refused only
+-- while a worker that holds the doorbell asks whether it is quiet: then that worker
+-- listens, and the event is for it. Other settings: true. (The doorbell is tried at
+-- session level and let go at once, fairq.lock_free: held to commit, it would make
+-- concurrent producers take each other for sleeping workers. SQL, inlined: every
+-- create that wakes a channel asks.)
+CREATE FUNCTION fairq.worker_may_sleep(p_queue text) RETURNS boolean
+LANGUAGE sql
+AS $$
+    SELECT CASE WHEN fairq.events_setting() <> 'doorbell' THEN true
+                WHEN NOT pg_try_advisory_xact_lock_shared(fairq.producing_lock_class(),
+                                                          fairq.queue_lock_key(p_queue)) THEN true
+                ELSE NOT fairq.lock_free(fairq.doorbell_lock_class(), fairq.queue_lock_key(p_queue)) END
+$$;
+
+-- fairq.worker_may_sleep for a caller that knows the queue by its id.
 CREATE FUNCTION fairq.worker_sleeps(p_queue_id integer) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_key integer;
+    v_queue text := (SELECT q.name FROM fairq.queue q WHERE q.id = p_queue_id);
 BEGIN
-    IF fairq.events_setting() <> 'doorbell' THEN
-        RETURN true;
-    END IF;
-    v_key := fairq.queue_lock_key((SELECT q.name FROM fairq.queue q WHERE q.id = p_queue_id));
-    -- Refused only while a worker that holds the doorbell asks whether it is quiet:
-    -- then that worker listens, and the event is for it.
-    IF NOT pg_try_advisory_xact_lock_shared(fairq.producing_lock_class(), v_key) THEN
-        RETURN true;
-    END IF;
-    IF pg_try_advisory_lock(fairq.doorbell_lock_class(), v_key) THEN
-        PERFORM pg_advisory_unlock(fairq.doorbell_lock_class(), v_key);
-        RETURN false;
-    END IF;
-    RETURN true;
+    RETURN fairq.worker_may_sleep(v_queue);
 END
 $$;
 
@@ -124,7 +124,7 @@ BEGIN
 END
 $$;
 
--- Sends one event; callers ask fairq.events_wanted (and fairq.worker_sleeps) first. Workers filter by queue.
+-- Sends one event; callers ask fairq.events_wanted (and fairq.worker_may_sleep) first. Workers filter by queue.
 CREATE FUNCTION fairq.notify_event(p_event text, p_queue_id integer, p_channel text, p_id bigint,
                                    p_dequeue_at timestamptz)
 RETURNS void
@@ -137,20 +137,30 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION fairq.record_history(p_message fairq.message, p_channel text, p_outcome text,
+CREATE FUNCTION fairq.history_insert(p_message fairq.message, p_channel text, p_outcome text,
                                      p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF fairq.setting_on('fairq.history') THEN
-        INSERT INTO fairq.message_history
-            (id, channel, priority, created_at, first_dequeued_at, settled_at, num_attempts, outcome, queue)
-        VALUES (p_message.id, p_channel, p_message.priority, p_message.created_at,
-                p_message.first_dequeued_at, p_now, p_message.num_attempts, p_outcome,
-                (SELECT q.name FROM fairq.queue q WHERE q.id = p_message.queue_id));
-    END IF;
+    INSERT INTO fairq.message_history
+        (id, channel, priority, created_at, first_dequeued_at, settled_at, num_attempts, outcome, queue)
+    VALUES (p_message.id, p_channel, p_message.priority, p_message.created_at,
+            p_message.first_dequeued_at, p_now, p_message.num_attempts, p_outcome,
+            (SELECT q.name FROM fairq.queue q WHERE q.id = p_message.queue_id));
 END
+$$;
+
+-- Records a settled message in fairq.message_history while the setting fairq.history
+-- is on. (SQL, inlined into its callers: with history off, the common case, a
+-- settlement asks the setting and calls nothing.)
+CREATE FUNCTION fairq.record_history(p_message fairq.message, p_channel text, p_outcome text,
+                                     p_now timestamptz)
+RETURNS void
+LANGUAGE sql
+AS $$
+    SELECT CASE WHEN fairq.setting_on('fairq.history')
+                THEN fairq.history_insert(p_message, p_channel, p_outcome, p_now) END
 $$;
 
 -- Moves a message its caller has already deleted (under the channel lock) to the

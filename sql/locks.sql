@@ -150,15 +150,11 @@ AS $$ SELECT 1717660026 $$;
 -- the queue's bulk producer lock shared; then the call takes no channel's producer
 -- lock.
 CREATE FUNCTION fairq.producing_in_bulk(p_queue_id integer, p_channels integer) RETURNS boolean
-LANGUAGE plpgsql
+LANGUAGE sql
 AS $$
-BEGIN
-    IF NOT fairq.goes_bulk(fairq.producer_locks_setting(), fairq.producer_lock_class(), p_channels) THEN
-        RETURN false;
-    END IF;
-    PERFORM pg_advisory_xact_lock_shared(fairq.bulk_producer_lock_class(), p_queue_id);
-    RETURN true;
-END
+    SELECT CASE WHEN fairq.goes_bulk(fairq.producer_locks_setting(), fairq.producer_lock_class(), p_channels)
+                THEN pg_advisory_xact_lock_shared(fairq.bulk_producer_lock_class(), p_queue_id) IS NOT NULL
+                ELSE false END
 $$;
 
 -- The policy lock of a channel, keyed by channel id: completions hold it shared,
@@ -196,6 +192,18 @@ BEGIN
            FROM unnest(p_channel_ids) AS u(id);
     END IF;
 END
+$$;
+
+-- fairq.policy_locks_shared for one channel p_channel_id of queue p_queue_id (SQL,
+-- inlined: a completion of one message is the common case, and a plpgsql call cost
+-- more than the lock).
+CREATE FUNCTION fairq.policy_lock_shared(p_channel_id bigint, p_queue_id integer) RETURNS void
+LANGUAGE sql
+AS $$
+    SELECT CASE WHEN fairq.goes_bulk(fairq.policy_locks_setting(), fairq.policy_lock_class(), 1)
+                THEN pg_advisory_xact_lock_shared(fairq.bulk_policy_lock_class(), p_queue_id)
+                ELSE pg_advisory_xact_lock_shared(fairq.policy_lock_class(), fairq.policy_lock_key(p_channel_id))
+           END
 $$;
 
 -- The settle lock of a channel, keyed like its producer lock: a call about to make

@@ -206,7 +206,7 @@ BEGIN
     END IF;
     -- (The policy read after the lock, in a statement of its own: a snapshot taken
     -- before a wait for channel_set would miss the policy it set.)
-    PERFORM fairq.policy_locks_shared(ARRAY[v_message.channel_id], ARRAY[v_message.queue_id]);
+    PERFORM fairq.policy_lock_shared(v_message.channel_id, v_message.queue_id);
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     IF v_channel.max_concurrency IS NOT NULL THEN
         v_channel := fairq.channel_lock(v_channel.id);

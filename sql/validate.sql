@@ -3,8 +3,15 @@
 -- Invariant: a call with a bad argument raises before it changes anything, with
 -- SQLSTATE 22004 for a missing (NULL) required value and 22023 for an invalid one,
 -- and a message that starts with the parameter's name.
+--
+-- Each check that every create, dequeue or completion makes is a SQL function,
+-- inlined into the statement that asks, that tests the value and calls the plpgsql
+-- check (fairq.checked_*, which raises) only for a value that fails: a plpgsql call
+-- per argument cost more than the rest of a completion's checks. (The checks are
+-- IMMUTABLE: planned with a constant argument, the plpgsql check runs at plan time,
+-- and raises only where it would have raised at run time.)
 
-CREATE FUNCTION fairq.require(p_value anyelement, p_name text) RETURNS anyelement
+CREATE FUNCTION fairq.checked_not_null(p_value anyelement, p_name text) RETURNS anyelement
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
@@ -15,7 +22,14 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION fairq.require_at_least(p_value bigint, p_minimum bigint, p_name text) RETURNS bigint
+CREATE FUNCTION fairq.require(p_value anyelement, p_name text) RETURNS anyelement
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN p_value IS NULL
+                THEN fairq.checked_not_null(p_value, p_name) ELSE p_value END
+$$;
+
+CREATE FUNCTION fairq.checked_at_least(p_value bigint, p_minimum bigint, p_name text) RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
@@ -30,10 +44,17 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION fairq.require_at_least(p_value bigint, p_minimum bigint, p_name text) RETURNS bigint
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN (p_value < p_minimum) IS NOT FALSE
+                THEN fairq.checked_at_least(p_value, p_minimum, p_name) ELSE p_value END
+$$;
+
 -- A time a message becomes due. NULL is allowed and means now; 'infinity' and
 -- '-infinity' are refused: no message could ever be due at the one, and the other is
 -- a value many clients cannot read back.
-CREATE FUNCTION fairq.require_finite(p_value timestamptz, p_name text) RETURNS timestamptz
+CREATE FUNCTION fairq.checked_finite(p_value timestamptz, p_name text) RETURNS timestamptz
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
@@ -43,6 +64,13 @@ BEGIN
     END IF;
     RETURN p_value;
 END
+$$;
+
+CREATE FUNCTION fairq.require_finite(p_value timestamptz, p_name text) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN NOT isfinite(p_value)
+                THEN fairq.checked_finite(p_value, p_name) ELSE p_value END
 $$;
 
 -- NULL is allowed and means "unlimited".
@@ -58,7 +86,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION fairq.require_channel_name(p_channel text, p_name text) RETURNS text
+CREATE FUNCTION fairq.checked_channel_name(p_channel text, p_name text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
@@ -73,22 +101,40 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION fairq.require_channel_name(p_channel text, p_name text) RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN (octet_length(p_channel) NOT BETWEEN 1 AND 255) IS NOT FALSE
+                THEN fairq.checked_channel_name(p_channel, p_name) ELSE p_channel END
+$$;
+
 -- Durations (locks, release intervals) are whole milliseconds of at most ten years:
 -- enough for any lease or rate limit, and far from timestamp overflow.
-CREATE FUNCTION fairq.require_duration(p_value bigint, p_minimum bigint, p_name text) RETURNS bigint
+CREATE FUNCTION fairq.max_duration_ms() RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 315360000000 $$;
+
+CREATE FUNCTION fairq.checked_duration(p_value bigint, p_minimum bigint, p_name text) RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
-    IF fairq.require_at_least(p_value, p_minimum, p_name) > 315360000000 THEN
-        RAISE EXCEPTION '% must be at most 315360000000 (ten years in milliseconds), got %',
-            p_name, p_value USING ERRCODE = '22023';
+    IF fairq.require_at_least(p_value, p_minimum, p_name) > fairq.max_duration_ms() THEN
+        RAISE EXCEPTION '% must be at most % (ten years in milliseconds), got %',
+            p_name, fairq.max_duration_ms(), p_value USING ERRCODE = '22023';
     END IF;
     RETURN p_value;
 END
 $$;
 
+CREATE FUNCTION fairq.require_duration(p_value bigint, p_minimum bigint, p_name text) RETURNS bigint
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN (p_value NOT BETWEEN p_minimum AND fairq.max_duration_ms()) IS NOT FALSE
+                THEN fairq.checked_duration(p_value, p_minimum, p_name) ELSE p_value END
+$$;
+
 -- Dedup keys live in a unique B-tree index, whose entries must stay small.
-CREATE FUNCTION fairq.require_dedup_key(p_dedup_key text, p_name text) RETURNS text
+CREATE FUNCTION fairq.checked_dedup_key(p_dedup_key text, p_name text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
@@ -98,6 +144,13 @@ BEGIN
     END IF;
     RETURN p_dedup_key;
 END
+$$;
+
+CREATE FUNCTION fairq.require_dedup_key(p_dedup_key text, p_name text) RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN octet_length(p_dedup_key) > 1024
+                THEN fairq.checked_dedup_key(p_dedup_key, p_name) ELSE p_dedup_key END
 $$;
 
 -- A batch argument: NULL (whether that is allowed is the caller's business), or a

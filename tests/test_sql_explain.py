@@ -584,3 +584,50 @@ def test_a_message_that_makes_its_channel_writes_the_row_once(conn: Conn) -> Non
     assert channel_updates(conn) - before == 0
     assert conn.execute("SELECT count(*) FILTER (WHERE turn_at IS NOT NULL AND idle_since IS NULL)"
                         " FROM fairq.channel").fetchone() == (6,)
+
+
+def functions_called(conn: Conn, sql: str, params: tuple[object, ...] = ()) -> dict[str, int]:
+    """The fairq functions that running sql called, by name, with their calls: those
+    PostgreSQL ran as functions (plpgsql, or SQL that was not inlined), not the SQL
+    functions inlined into a statement."""
+    conn.execute("SET track_functions = 'all'")
+    # (The session's counts not yet flushed to the statistics, this call's among them.)
+    counts = ("SELECT funcname, calls FROM pg_stat_xact_user_functions"
+              " WHERE schemaname = 'fairq'")
+    with conn.transaction():
+        before = dict(conn.execute(counts).fetchall())
+        conn.execute(sql, params)  # type: ignore[arg-type]
+        after = dict(conn.execute(counts).fetchall())
+    return {str(name): int(calls) - int(before.get(name, 0))  # type: ignore[call-overload]
+            for name, calls in after.items() if calls != before.get(name)}
+
+
+def test_a_busy_channels_cycle_calls_no_helper_function(conn: Conn) -> None:
+    """On a busy channel a message's create, dequeue and completion each run as one
+    plpgsql call: the argument checks, the lock-count and history settings, the
+    queue's lookup, the doorbell and the size of an unbounded channel are SQL
+    functions inlined into the statements that ask (a plpgsql call costs more than
+    the rest of a completion's checks; 0.7.28 made fourteen such calls a cycle). The
+    one helper left is the dequeue's settling of the channels it served. A SQL
+    function silently stops being inlined when its body or its arguments change
+    shape: this test says so."""
+    conn.execute("UPDATE fairq.channel_collection SET collected_at = 'infinity'")  # not its turn
+    for _ in range(3):
+        create(conn, "busy")
+    # The first cycles plan the statements (the first dequeue lets the channel join,
+    # the next ones pick it from the rotation), and planning runs what it folds.
+    for _ in range(3):
+        d = dequeue_one(conn)
+        assert d is not None
+        call(conn, "message_complete", d.id, d.num_attempts)
+        create(conn, "busy")
+    # (Called as the cycles above call them: a call that leaves p_queue to its default
+    # has no input collation, and PostgreSQL compiles and plans a function anew for it.)
+    assert functions_called(conn, "SELECT fairq.message_create(%s, %s)", ("busy", b"x")) == {
+        "message_create": 1}
+    assert functions_called(conn, "SELECT * FROM fairq.message_dequeue(%s, %s, %s)",
+                            (30_000, 1, "default")) == {"message_dequeue": 1, "settled_due_ats": 1}
+    d = dequeue_one(conn)
+    assert d is not None
+    assert functions_called(conn, "SELECT fairq.message_complete(%s, %s)", (d.id, d.num_attempts)) == {
+        "message_complete": 1}
