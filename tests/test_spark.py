@@ -241,6 +241,21 @@ def test_writers_work_where_the_default_isolation_is_another(
     assert enqueue(df, conn.info.dsn, channel="ch", content="body").created == 2
 
 
+def test_writers_have_the_server_drop_a_lost_executors_session(conn: psycopg.Connection[Any]) -> None:
+    """A stream's part is claimed by its writer's open transaction, and a replay of the
+    part waits for that claim: the writers' sessions have the server probe a silent
+    connection after a minute (not the system's two hours), so a lost executor's
+    transaction ends and frees its claim within about two minutes."""
+    from fairq.spark.messages import connect
+
+    with connect(conn.info.dsn) as writer:
+        assert writer.info.host == "127.0.0.1"  # (over a Unix socket they read 0)
+        assert writer.execute(
+            "SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'),"
+            " current_setting('tcp_keepalives_count'), current_setting('transaction_isolation')"
+        ).fetchone() == ("60", "10", "6", "read committed")
+
+
 def test_chunks_cut_by_rows_and_by_content_bytes() -> None:
     from fairq.spark.messages import chunks
 

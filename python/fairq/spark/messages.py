@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from fairq import _pools
+from fairq._source import side_conninfo
 from fairq.queue import Queue
 from fairq.types import CreateStatus, NewMessage
 
@@ -134,13 +135,28 @@ def chunks(rows: Iterable[Any], size: int, max_bytes: int = CHUNK_BYTES) -> Iter
         yield batch
 
 
+#: Set on each writer's session besides :data:`fairq._pools.SESSION_SETUP`. A stream's
+#: task writes its part in one transaction that holds the part's claim, and every other
+#: attempt at that part waits for the claim (fairq.spark.stream). An executor lost with
+#: its host or its network leaves that transaction open until the server finds the
+#: connection dead: by default after the system's keepalive time, two hours on Linux,
+#: all that time holding up the replay. These have the server probe a silent connection
+#: after a minute and drop it after another minute of unanswered probes, which rolls
+#: the transaction back and frees the claim. (Over a Unix socket they do nothing: no
+#: peer there can vanish.)
+WRITER_KEEPALIVES = ("SET tcp_keepalives_idle = 60; SET tcp_keepalives_interval = 10;"
+                     " SET tcp_keepalives_count = 6")
+
+
 def connect(dsn: str) -> psycopg.Connection[Any]:
     """An autocommit connection for the writers, in READ COMMITTED whatever the
-    database's default: fairq's calls refuse any other isolation."""
+    database's default (fairq's calls refuse any other isolation), with a connect
+    timeout and keepalives on both ends (:data:`WRITER_KEEPALIVES`)."""
     import psycopg
 
-    conn = psycopg.connect(dsn, autocommit=True)
+    conn = psycopg.connect(side_conninfo(dsn), autocommit=True)
     conn.execute(_pools.SESSION_SETUP)
+    conn.execute(WRITER_KEEPALIVES)
     return conn
 
 
