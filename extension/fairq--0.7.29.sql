@@ -1946,6 +1946,7 @@ $$;
 -- would give, and gets no wake: the next dequeues find it waiting to join, with no
 -- wake to apply and none to delete (so a call's made channels take their turns
 -- before the wakes it queues). Returns the channels woken, the made ones included.
+-- (message_create queues its one channel's wake itself, by these rules.)
 CREATE FUNCTION fairq.channels_wake(p_queue_id integer, p_channel_ids bigint[], p_due_ats timestamptz[],
                                     p_now timestamptz, p_made bigint[] DEFAULT '{}') RETURNS bigint[]
 LANGUAGE plpgsql
@@ -2802,10 +2803,29 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    v_wakes := v_made
-               OR ((v_settling OR fairq.needs_wake(v_channel.due_at, v_due_at, v_now))
-                   AND cardinality(fairq.channels_wake(v_queue_id, ARRAY[v_channel.id], ARRAY[v_due_at],
-                                                       v_now)) > 0);
+    -- The wake, by fairq.channels_wake's rules for one channel, in one statement. Its
+    -- look comes after the producer lock and the settle lock's try, as channels_wake's
+    -- first look does, and counts the wakes queued already (this transaction's too): a
+    -- channel that needs a wake at it, or is being settled, gets one whatever a later
+    -- look would say (a second wake is harmless), so no later look is taken (with it,
+    -- a sparse tenant's create took 110 µs rather than 67). A transaction gone bulk
+    -- queues one wake per channel: channels_wake knows which it queued.
+    IF v_made THEN
+        v_wakes := true;
+    ELSIF NOT (v_settling OR fairq.needs_wake(v_channel.due_at, v_due_at, v_now)) THEN
+        v_wakes := false;
+    ELSIF v_in_bulk THEN
+        v_wakes := cardinality(fairq.channels_wake(v_queue_id, ARRAY[v_channel.id], ARRAY[v_due_at],
+                                                   v_now)) > 0;
+    ELSE
+        INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
+        SELECT v_channel.id, v_due_at, v_now, nextval('fairq.turn_seq'), v_queue_id
+          FROM (SELECT LEAST(v_channel.due_at, (SELECT min(w.due_at) FROM fairq.channel_wake w
+                                                 WHERE w.channel_id = v_channel.id)) AS due_at
+                OFFSET 0) p  -- (needs_wake then gets a plain column, and is inlined)
+         WHERE v_settling OR fairq.needs_wake(p.due_at, v_due_at, v_now);
+        v_wakes := FOUND;
+    END IF;
     IF fairq.events_wanted(v_wakes) THEN
         IF fairq.worker_may_sleep(p_queue) THEN
             PERFORM fairq.notify_event('created', v_queue_id, p_channel, v_id, v_due_at);

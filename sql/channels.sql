@@ -315,6 +315,7 @@ $$;
 -- would give, and gets no wake: the next dequeues find it waiting to join, with no
 -- wake to apply and none to delete (so a call's made channels take their turns
 -- before the wakes it queues). Returns the channels woken, the made ones included.
+-- (message_create queues its one channel's wake itself, by these rules.)
 CREATE FUNCTION fairq.channels_wake(p_queue_id integer, p_channel_ids bigint[], p_due_ats timestamptz[],
                                     p_now timestamptz, p_made bigint[] DEFAULT '{}') RETURNS bigint[]
 LANGUAGE plpgsql

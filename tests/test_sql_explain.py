@@ -631,3 +631,24 @@ def test_a_busy_channels_cycle_calls_no_helper_function(conn: Conn) -> None:
     assert d is not None
     assert functions_called(conn, "SELECT fairq.message_complete(%s, %s)", (d.id, d.num_attempts)) == {
         "message_complete": 1}
+
+
+def test_a_message_that_wakes_its_channel_queues_the_wake_in_one_statement(conn: Conn) -> None:
+    """A sparse tenant's message finds its channel idle and queues a wake. The
+    producer's look at the channel comes after its locks, so a wake it finds needed
+    is queued at once, in one statement, with no second look (0.7.28 called
+    fairq.channels_wake, whose two looks cost more than the rest of the create); a
+    second message, while that wake is still queued, finds it and queues none."""
+    conn.execute("UPDATE fairq.channel_collection SET collected_at = 'infinity'")
+    for _ in range(3):  # planned by a first cycle, as in the test above
+        create(conn, "sparse")
+        d = dequeue_one(conn)
+        assert d is not None
+        call(conn, "message_complete", d.id, d.num_attempts)
+    assert functions_called(conn, "SELECT fairq.message_create(%s, %s)", ("sparse", b"x")) == {
+        "message_create": 1}
+    assert conn.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (1,)
+    assert functions_called(conn, "SELECT fairq.message_create(%s, %s)", ("sparse", b"y")) == {
+        "message_create": 1}
+    assert conn.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (1,)
+    assert [d.content for d in dequeue(conn, n=2)] == [b"x", b"y"]
