@@ -229,6 +229,35 @@ def test_bad_rows_fail_clearly(spark: Any, conn: psycopg.Connection[Any]) -> Non
     assert landed(conn)[0] == 0
 
 
+def test_rows_fairq_refuses_are_left_out_and_counted_when_asked(
+        spark: Any, conn: psycopg.Connection[Any]) -> None:
+    """invalid_rows="skip": each row the server refuses (SQLSTATE class 22) is left out
+    and counted, every other row of its chunk lands once; without it the job fails
+    and a bad queue name fails either way before any row is sent."""
+    from fairq.spark import enqueue
+
+    bad = {7: (None, "x", None), 40: ("", "x", None), 41: ("c" * 256, "x", None),
+           99: ("t", None, None), 150: ("t", "x", "k" * 1025)}
+    rows = [bad.get(i, (f"t{i % 5}", f"job-{i}", f"key-{i}")) for i in range(200)]
+    df = spark.createDataFrame(rows, "tenant string, body string, key string").repartition(3)
+    result = enqueue(df, conn.info.dsn, channel="tenant", content="body", dedup_key="key",
+                     batch_size=50, invalid_rows="skip")
+    assert (result.created, result.duplicate, result.dropped, result.invalid) == (195, 0, 0, 5)
+    assert result.rows == 200
+    bodies = sorted(bytes(b).decode() for (b,) in conn.execute("SELECT content FROM fairq.message"))
+    assert bodies == sorted(f"job-{i}" for i in range(200) if i not in bad)
+    again = enqueue(df, conn.info.dsn, channel="tenant", content="body", dedup_key="key",
+                    batch_size=50, invalid_rows="skip")
+    assert (again.created, again.duplicate, again.invalid) == (0, 195, 5)
+    with pytest.raises(Exception, match="p_queue must be non-empty"):
+        enqueue(df, conn.info.dsn, channel="tenant", content="body", queue="",
+                invalid_rows="skip")
+    assert conn.execute("SELECT count(*) FROM fairq.message").fetchone() == (195,)
+    with pytest.raises(Exception, match=r"p_channels.* must be non-empty|must not be NULL"):
+        enqueue(df, conn.info.dsn, channel="tenant", content="body", dedup_key="key",
+                batch_size=50)
+
+
 def test_writers_work_where_the_default_isolation_is_another(
         spark: Any, conn: psycopg.Connection[Any]) -> None:
     """fairq's calls refuse REPEATABLE READ (0.7.28): the writers' own connections set

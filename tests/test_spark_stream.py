@@ -261,6 +261,30 @@ def test_the_sink_into_a_named_queue(spark: Any, conn: psycopg.Connection[Any],
     assert conn.execute(f"SELECT DISTINCT sink FROM {PROGRESS}").fetchall() == [("emails",)]
 
 
+def test_rows_fairq_refuses_are_left_out_and_recorded_when_asked(
+        spark: Any, conn: psycopg.Connection[Any], in_query: Any) -> None:
+    """By default a row fairq refuses fails its batch (and would fail every replay);
+    with invalid_rows="skip" the batch is written without it, each part recording how
+    many it left out, and a replay reports the same. A progress table made by a sink
+    before 0.7.30 gets its invalid column."""
+    from fairq.spark import SinkBatchResult
+    from fairq.spark.stream import _CREATE_TABLE
+
+    conn.execute(_CREATE_TABLE.replace("    invalid    bigint      NOT NULL DEFAULT 0,\n", "")
+                 .format(table=PROGRESS))
+    rows = [(n, "" if n % 9 == 0 else f"tenant-{n % 3}") for n in range(60)]
+    df = spark.createDataFrame(rows, "n long, tenant string").repartition(3)
+    with pytest.raises(Exception, match="must be non-empty"):
+        make_sink(conn.info.dsn, queue="strict").write_batch(df, 0)
+    sink = make_sink(conn.info.dsn, invalid_rows="skip")
+    first = sink.write_batch(df, 1)
+    assert (first.created, first.invalid, first.rows, first.skipped) == (53, 7, 60, 0)
+    assert sorted(json.loads(bytes(c))["n"] for (c,) in conn.execute(
+        "SELECT m.content FROM fairq.message m JOIN fairq.queue q ON q.id = m.queue_id"
+        " WHERE q.name = 'default'")) == [n for n in range(60) if n % 9]
+    assert sink.write_batch(df.orderBy("n"), 1) == SinkBatchResult(1, 53, 0, 0, 4, 4, 7)
+
+
 @pytest.mark.parametrize("queue", ["emails", "default"])
 def test_the_sink_without_named_queues_refuses(
         spark: Any, conn: psycopg.Connection[Any], in_query: Any, queue: str) -> None:

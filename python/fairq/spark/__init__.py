@@ -24,13 +24,14 @@ completed by a worker when the retry runs is enqueued again.)
 from fairq.spark.bench import bench_enqueue
 from fairq.spark.dataframe import EnqueueResult, enqueue
 from fairq.spark.jdbc import DEFAULT_JDBC_JAR, jdbc_properties, jdbc_url, read
-from fairq.spark.messages import dedup_key_from
+from fairq.spark.messages import InvalidRows, dedup_key_from
 from fairq.spark.session import local_session
 from fairq.spark.stream import QueueSink, SinkBatchResult, stream_to_queue
 
 __all__ = [
     "DEFAULT_JDBC_JAR",
     "EnqueueResult",
+    "InvalidRows",
     "QueueSink",
     "SinkBatchResult",
     "bench_enqueue",

@@ -10,11 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from fairq.spark.messages import (
     DEFAULT_QUEUE,
+    InvalidRows,
+    Tally,
     chunks,
     connect,
     create_messages,
     project,
     require_named_queues,
+    require_queue_name,
 )
 
 if TYPE_CHECKING:
@@ -25,24 +28,29 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class EnqueueResult:
     """What an :func:`enqueue` did, row by row: ``created`` + ``duplicate`` +
-    ``dropped`` is the number of rows of the DataFrame.
+    ``dropped`` + ``invalid`` is the number of rows of the DataFrame.
 
     ``duplicate`` counts rows whose (channel, dedup key) message already existed,
     including rows that a failed attempt of a retried task had already enqueued;
-    ``dropped`` counts rows refused because their channel was at ``max_size``.
+    ``dropped`` counts rows refused because their channel was at ``max_size``;
+    ``invalid`` rows left out because fairq refuses their fields (with
+    ``invalid_rows="skip"``; otherwise such a row fails the job).
     """
 
     created: int
     duplicate: int
     dropped: int
+    invalid: int = 0
 
     @property
     def rows(self) -> int:
-        return self.created + self.duplicate + self.dropped
+        return self.created + self.duplicate + self.dropped + self.invalid
 
 
 def _write_partition(rows: Iterable[Any], *, dsn: str, queue: str, batch_size: int,
-                     counters: tuple[Accumulator[int], Accumulator[int], Accumulator[int]],
+                     invalid_rows: InvalidRows,
+                     counters: tuple[Accumulator[int], Accumulator[int], Accumulator[int],
+                                     Accumulator[int]],
                      ) -> None:
     """Runs on an executor: sends the partition's rows in batches on one connection.
 
@@ -51,34 +59,36 @@ def _write_partition(rows: Iterable[Any], *, dsn: str, queue: str, batch_size: i
     keys). Spark applies the accumulator updates of one successful attempt only.
     """
 
-    from fairq.types import CreateStatus
-
     batches = chunks(rows, batch_size)
     first = next(batches, None)
     if first is None:  # an empty partition opens no connection
         return
-    tally: dict[CreateStatus, int] = dict.fromkeys(CreateStatus, 0)
+    tally = Tally()
     with connect(dsn) as conn:
         for batch in itertools.chain([first], batches):
-            for status, count in create_messages(conn, batch, queue).items():
-                tally[status] += count
-    created, duplicate, dropped = counters
-    created.add(tally[CreateStatus.CREATED])
-    duplicate.add(tally[CreateStatus.DUPLICATE])
-    dropped.add(tally[CreateStatus.DROPPED])
+            tally += create_messages(conn, batch, queue, invalid_rows)
+    created, duplicate, dropped, invalid = counters
+    created.add(tally.created)
+    duplicate.add(tally.duplicate)
+    dropped.add(tally.dropped)
+    invalid.add(tally.invalid)
 
 
 def enqueue(df: DataFrame, dsn: str, *, channel: str | Column, content: str | Column,
             dequeue_at: str | Column | None = None, priority: str | Column | None = None,
             dedup_key: str | Column | None = None, queue: str = DEFAULT_QUEUE,
-            batch_size: int = 1000) -> EnqueueResult:
+            batch_size: int = 1000,
+            invalid_rows: InvalidRows | str = InvalidRows.FAIL) -> EnqueueResult:
     """Creates one fairq message per row of ``df`` in ``queue`` and reports what happened.
 
     Each field is a column name or a Column expression: ``channel`` (string),
     ``content`` (binary; strings are sent as UTF-8, structs/maps/arrays as JSON),
     ``dequeue_at`` (timestamp; NULL or omitted: now), ``priority`` (int; NULL or
-    omitted: 0) and ``dedup_key`` (string; see :func:`dedup_key_from`). A NULL channel
-    or content fails the job with fairq's SQLSTATE 22004 error.
+    omitted: 0) and ``dedup_key`` (string; see :func:`dedup_key_from`). A row whose
+    fields fairq refuses (a NULL channel or content, an empty or over-long channel
+    name, ...: SQLSTATE class 22) fails the job, or with ``invalid_rows="skip"`` is left
+    out, counted in ``invalid`` and logged on its executor (logger ``fairq.spark``).
+    An invalid ``queue`` name raises before any row is sent.
 
     The database's fairq must have named queues (0.7.0 and later); on an older one
     this raises RuntimeError before any row is sent.
@@ -90,12 +100,14 @@ def enqueue(df: DataFrame, dsn: str, *, channel: str | Column, content: str | Co
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    invalid_rows = InvalidRows(invalid_rows)
 
     with connect(dsn) as conn:
         require_named_queues(conn)
+        require_queue_name(conn, queue)
     sc = df.sparkSession.sparkContext
-    counters = (sc.accumulator(0), sc.accumulator(0), sc.accumulator(0))
+    counters = (sc.accumulator(0), sc.accumulator(0), sc.accumulator(0), sc.accumulator(0))
     project(df, channel, content, dequeue_at, priority, dedup_key).foreachPartition(
         partial(_write_partition, dsn=dsn, queue=queue, batch_size=batch_size,
-                counters=counters))
-    return EnqueueResult(counters[0].value, counters[1].value, counters[2].value)
+                invalid_rows=invalid_rows, counters=counters))
+    return EnqueueResult(*(counter.value for counter in counters))

@@ -4,8 +4,10 @@ call that creates a chunk of those rows' messages (on an executor), through
 
 from __future__ import annotations
 
-from collections import Counter
+import enum
+import logging
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,31 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 DEFAULT_QUEUE = "default"
+
+log = logging.getLogger("fairq.spark")
+
+
+class InvalidRows(enum.Enum):
+    """What a writer does with a row whose message fairq refuses (SQLSTATE class 22:
+    a NULL channel or content, an empty or too long channel name or dedup key, a
+    dequeue_at at infinity)."""
+
+    FAIL = "fail"  # the task fails, and with it the job (a stream: every replay)
+    SKIP = "skip"  # the row is left out, counted as invalid and logged
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Rows by outcome: fairq's three create statuses, and rows left out as invalid."""
+
+    created: int = 0
+    duplicate: int = 0
+    dropped: int = 0
+    invalid: int = 0
+
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(self.created + other.created, self.duplicate + other.duplicate,
+                     self.dropped + other.dropped, self.invalid + other.invalid)
 
 #: The columns of :func:`project`'s rows, in order.
 MESSAGE_COLUMNS = ("channel", "content", "dequeue_at_us", "priority", "dedup_key")
@@ -161,12 +188,36 @@ def connect(dsn: str) -> psycopg.Connection[Any]:
 
 
 def create_messages(conn: psycopg.Connection[Any], rows: Sequence[Sequence[Any]],
-                    queue: str) -> Counter[CreateStatus]:
+                    queue: str, invalid_rows: InvalidRows = InvalidRows.FAIL) -> Tally:
     """Creates the messages of ``rows`` (:func:`project`'s, or longer: the columns after
     :data:`MESSAGE_COLUMNS` are ignored) in ``queue`` with one call of
     ``fairq.message_create_batch`` on ``conn`` (joining any transaction open there), and
-    counts them by status. A NULL dequeue_at means now, a NULL priority 0; a NULL
-    content fails with SQLSTATE 22004, as the SQL would (the codec cannot carry it)."""
+    counts them by outcome. A NULL dequeue_at means now, a NULL priority 0; a NULL
+    content fails with SQLSTATE 22004, as the SQL would (the codec cannot carry it).
+
+    With :attr:`InvalidRows.SKIP`, a call that fairq refuses for its input (SQLSTATE
+    class 22, each error naming the element) is undone to a savepoint and split in
+    halves until each refused row is alone; those rows are left out, counted as
+    ``invalid`` and logged. fairq's own checks decide what is invalid: no rule is
+    repeated here. A chunk with one bad row in n costs some 2·log2(n) calls more."""
+    if invalid_rows is InvalidRows.FAIL:
+        return _create(conn, rows, queue)
+    import psycopg
+
+    try:
+        with conn.transaction():
+            return _create(conn, rows, queue)
+    except psycopg.DataError as error:  # SQLSTATE class 22
+        if len(rows) == 1:
+            log.warning("fairq.spark: left out a row of channel %r that fairq refuses: %s",
+                        rows[0][0], error.diag.message_primary or error)
+            return Tally(invalid=1)
+    half = len(rows) // 2
+    return (create_messages(conn, rows[:half], queue, invalid_rows)
+            + create_messages(conn, rows[half:], queue, invalid_rows))
+
+
+def _create(conn: psycopg.Connection[Any], rows: Sequence[Sequence[Any]], queue: str) -> Tally:
     from psycopg import errors
 
     for row in rows:
@@ -179,8 +230,18 @@ def create_messages(conn: psycopg.Connection[Any], rows: Sequence[Sequence[Any]]
                    else _EPOCH + timedelta(microseconds=row[2]),
                    priority=0 if row[3] is None else row[3], dedup_key=row[4])
         for row in rows]
-    results = Queue(conn, name=queue).send_many(messages, conn=conn)
-    return Counter(result.status for result in results)
+    statuses = [result.status for result in Queue(conn, name=queue).send_many(messages, conn=conn)]
+    return Tally(statuses.count(CreateStatus.CREATED), statuses.count(CreateStatus.DUPLICATE),
+                 statuses.count(CreateStatus.DROPPED))
+
+
+def require_queue_name(conn: psycopg.Connection[Any], queue: str) -> None:
+    """Raises (fairq's SQLSTATE 22023, naming p_queue) before any row is sent if
+    ``queue`` is no valid queue name: a call with no messages checks the name and
+    writes nothing. (Rows left out as invalid are the rows' own faults, never the
+    queue's.)"""
+    conn.execute("SELECT count(*) FROM fairq.message_create_batch('{}'::text[], '{}'::bytea[],"
+                 " p_queue => %s)", [queue])
 
 
 def has_named_queues(conn: psycopg.Connection[Any]) -> bool:

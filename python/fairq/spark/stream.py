@@ -29,16 +29,19 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from psycopg import sql
+from psycopg import errors, sql
 
 from fairq.spark.messages import (
     DEFAULT_QUEUE,
     MESSAGE_COLUMNS,
+    InvalidRows,
+    Tally,
     chunks,
     connect,
     create_messages,
     project,
     require_named_queues,
+    require_queue_name,
 )
 
 if TYPE_CHECKING:
@@ -71,9 +74,13 @@ CREATE TABLE IF NOT EXISTS {table} (
     created    bigint      NOT NULL DEFAULT 0,
     duplicate  bigint      NOT NULL DEFAULT 0,
     dropped    bigint      NOT NULL DEFAULT 0,
+    invalid    bigint      NOT NULL DEFAULT 0,
     written_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (query_id, sink, batch_id, part)
 )"""
+
+# A table made by the package before 0.7.30 has no invalid column.
+_ADD_INVALID = "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS invalid bigint NOT NULL DEFAULT 0"
 
 _TABLE_COMMENT = (
     "fairq.spark.QueueSink: the parts of each micro-batch written into the queue, each row"
@@ -90,6 +97,7 @@ class SinkBatchResult:
     replay reports what the earlier attempts committed too. ``parts`` is how many parts
     the batch was split into, ``skipped`` how many of them an earlier attempt had
     already committed (``skipped == parts``: a replay that wrote nothing and ran no job).
+    ``invalid`` counts rows left out with ``invalid_rows="skip"``.
     """
 
     batch_id: int
@@ -98,10 +106,11 @@ class SinkBatchResult:
     dropped: int
     parts: int
     skipped: int
+    invalid: int = 0
 
     @property
     def rows(self) -> int:
-        return self.created + self.duplicate + self.dropped
+        return self.created + self.duplicate + self.dropped + self.invalid
 
 
 def _table(schema: str) -> sql.Identifier:
@@ -110,28 +119,42 @@ def _table(schema: str) -> sql.Identifier:
 
 def ensure_progress_table(conn: psycopg.Connection[Any], schema: str) -> None:
     """Creates ``schema.fairq_spark_sink_progress`` unless it exists (a role without
-    CREATE on the schema can use one made ahead of time with the same columns)."""
+    CREATE on the schema can use one made ahead of time with the same columns), and
+    adds the ``invalid`` column to a table made before it had one (0.7.30)."""
     table = _table(schema)
     name = table.as_string(conn)
-    found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [name]).fetchone()
-    if found and found[0]:
+    found = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL, EXISTS (SELECT FROM pg_attribute"
+        " WHERE attrelid = to_regclass(%s) AND attname = 'invalid' AND NOT attisdropped)",
+        [name, name]).fetchone()
+    exists, has_invalid = found if found else (False, False)
+    if exists and has_invalid:
         return
     with conn.transaction():
         # CREATE TABLE IF NOT EXISTS still fails when another session creates the same
         # table at the same moment: the lock makes sinks starting together take turns.
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [name])
-        conn.execute(sql.SQL(_CREATE_TABLE).format(table=table))
-        conn.execute(sql.SQL("COMMENT ON TABLE {table} IS {comment}").format(
-            table=table, comment=sql.Literal(_TABLE_COMMENT)))
+        if not exists:
+            conn.execute(sql.SQL(_CREATE_TABLE).format(table=table))
+            conn.execute(sql.SQL("COMMENT ON TABLE {table} IS {comment}").format(
+                table=table, comment=sql.Literal(_TABLE_COMMENT)))
+            return
+        try:
+            conn.execute(sql.SQL(_ADD_INVALID).format(table=table))
+        except errors.InsufficientPrivilege as error:
+            raise RuntimeError(
+                f"{name} has no invalid column (fairq.spark 0.7.30 counts invalid rows"
+                " there), and this role may not add it: have its owner run "
+                + sql.SQL(_ADD_INVALID).format(table=table).as_string(conn)) from error
 
 
 def _write_part(rows: Iterable[Any], *, dsn: str, schema: str, query_id: str, sink: str,
-                batch_id: int, parts: int, queue: str, batch_size: int) -> None:
+                batch_id: int, parts: int, queue: str, batch_size: int,
+                invalid_rows: InvalidRows) -> None:
     """Runs on an executor: writes one part of a batch (this task's partition) in one
-    transaction, unless another attempt has committed it."""
+    transaction, unless another attempt has committed it. Rows left out as invalid
+    are the same on every attempt (fairq's checks of the row alone decide)."""
     from pyspark import TaskContext
-
-    from fairq.types import CreateStatus
 
     context = TaskContext.get()
     if context is None:
@@ -152,20 +175,21 @@ def _write_part(rows: Iterable[Any], *, dsn: str, schema: str, query_id: str, si
             # Read the rows anyway: a Python worker that leaves input unread is not reused.
             collections.deque(rows, maxlen=0)
             return
-        tally: collections.Counter[CreateStatus] = collections.Counter()
+        tally = Tally()
         for chunk in chunks(rows, batch_size):
             stray = next((row[-1] for row in chunk if row[-1] != part), None)
             if stray is not None:
                 # Spark's hash partitioning no longer matches pmod(hash(...)): parts
                 # would then depend on more than the rows, and replays could duplicate.
                 raise RuntimeError(f"a row of part {stray} is in partition {part}")
-            tally += create_messages(conn, chunk, queue)
+            tally += create_messages(conn, chunk, queue, invalid_rows)
         conn.execute(sql.SQL(
             "UPDATE {table} SET created = %(created)s, duplicate = %(duplicate)s,"
-            " dropped = %(dropped)s WHERE (query_id, sink, batch_id, part)"
+            " dropped = %(dropped)s, invalid = %(invalid)s"
+            " WHERE (query_id, sink, batch_id, part)"
             " = (%(query_id)s, %(sink)s, %(batch_id)s, %(part)s)").format(table=table),
-            {**key, "created": tally[CreateStatus.CREATED],
-             "duplicate": tally[CreateStatus.DUPLICATE], "dropped": tally[CreateStatus.DROPPED]})
+            {**key, "created": tally.created, "duplicate": tally.duplicate,
+             "dropped": tally.dropped, "invalid": tally.invalid})
 
 
 class QueueSink:
@@ -180,7 +204,9 @@ class QueueSink:
     (default: the queue's name). ``progress_schema`` holds the progress table
     (:data:`PROGRESS_TABLE`, created on first use). ``partitions``: parts per batch, each
     one transaction on one connection (default: Spark's default parallelism);
-    ``batch_size``: rows per ``fairq.message_create_batch`` call.
+    ``batch_size``: rows per ``fairq.message_create_batch`` call. ``invalid_rows``: as
+    for :func:`~fairq.spark.enqueue`; with ``"skip"`` a row fairq refuses is left out
+    on every attempt alike instead of failing the batch (and every replay of it).
 
     :meth:`write_batch` returns a :class:`SinkBatchResult`, which the sink also keeps
     as ``last_result``. The sink must run as a streaming query's foreachBatch function
@@ -192,7 +218,8 @@ class QueueSink:
                  dequeue_at: str | Column | None = None, priority: str | Column | None = None,
                  dedup_key: str | Column | None = None, queue: str = DEFAULT_QUEUE,
                  name: str | None = None, progress_schema: str = "public",
-                 partitions: int | None = None, batch_size: int = 1000) -> None:
+                 partitions: int | None = None, batch_size: int = 1000,
+                 invalid_rows: InvalidRows | str = InvalidRows.FAIL) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         if partitions is not None and partitions < 1:
@@ -207,6 +234,7 @@ class QueueSink:
         self.progress_schema = progress_schema
         self.partitions = partitions
         self.batch_size = batch_size
+        self.invalid_rows = InvalidRows(invalid_rows)
         self.last_result: SinkBatchResult | None = None
         self._checked = False
 
@@ -226,6 +254,7 @@ class QueueSink:
         with connect(self.dsn) as conn:
             if not self._checked:
                 require_named_queues(conn)
+                require_queue_name(conn, self.queue)
                 ensure_progress_table(conn, self.progress_schema)
                 self._checked = True
             parts, committed = self._begin(
@@ -286,20 +315,21 @@ class QueueSink:
          .foreachPartition(partial(
              _write_part, dsn=self.dsn, schema=self.progress_schema, query_id=query_id,
              sink=self.name, batch_id=batch_id, parts=parts, queue=self.queue,
-             batch_size=self.batch_size)))
+             batch_size=self.batch_size, invalid_rows=self.invalid_rows)))
 
     def _result(self, conn: psycopg.Connection[Any], query_id: str, batch_id: int,
                 parts: int, skipped: int) -> SinkBatchResult:
         row = conn.execute(sql.SQL(
             "SELECT count(*), coalesce(sum(created), 0), coalesce(sum(duplicate), 0),"
-            " coalesce(sum(dropped), 0) FROM {table} WHERE query_id = %(query_id)s"
+            " coalesce(sum(dropped), 0), coalesce(sum(invalid), 0)"
+            " FROM {table} WHERE query_id = %(query_id)s"
             f" AND sink = %(sink)s AND batch_id = %(batch_id)s AND part <> {_BATCH_ROW}")
             .format(table=_table(self.progress_schema)), self._key(query_id, batch_id)).fetchone()
         assert row is not None
-        written, created, duplicate, dropped = (int(v) for v in row)
+        written, created, duplicate, dropped, invalid = (int(v) for v in row)
         if written != parts:
             raise RuntimeError(f"batch {batch_id}: {written} of its {parts} parts are written")
-        return SinkBatchResult(batch_id, created, duplicate, dropped, parts, skipped)
+        return SinkBatchResult(batch_id, created, duplicate, dropped, parts, skipped, invalid)
 
 
 def stream_to_queue(df: DataFrame, dsn: str, *, checkpoint_location: str,
@@ -308,6 +338,7 @@ def stream_to_queue(df: DataFrame, dsn: str, *, checkpoint_location: str,
                     dedup_key: str | Column | None = None, queue: str = DEFAULT_QUEUE,
                     name: str | None = None, progress_schema: str = "public",
                     partitions: int | None = None, batch_size: int = 1000,
+                    invalid_rows: InvalidRows | str = InvalidRows.FAIL,
                     trigger: Mapping[str, Any] | None = None,
                     query_name: str | None = None) -> StreamingQuery:
     """Starts a streaming query that feeds the streaming DataFrame ``df`` into the queue
@@ -318,7 +349,7 @@ def stream_to_queue(df: DataFrame, dsn: str, *, checkpoint_location: str,
     sink = QueueSink(dsn, channel=channel, content=content, dequeue_at=dequeue_at,
                      priority=priority, dedup_key=dedup_key, queue=queue, name=name,
                      progress_schema=progress_schema, partitions=partitions,
-                     batch_size=batch_size)
+                     batch_size=batch_size, invalid_rows=invalid_rows)
     writer = df.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint_location)
     if query_name is not None:
         writer = writer.queryName(query_name)
