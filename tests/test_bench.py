@@ -284,9 +284,11 @@ def test_the_gate_closes_at_the_backlog_bound_and_opens_below_it(dsn: str) -> No
 
 
 @needs_pgbench
-def test_sigterm_removes_the_throwaway_cluster() -> None:
+@pytest.mark.parametrize("signals", [1, 2])
+def test_sigterm_removes_the_throwaway_cluster(signals: int) -> None:
     """`kill` (or a CI timeout) ends a bench like Ctrl-C: its own cluster is stopped
-    and its directory removed, not left running."""
+    and its directory removed, not left running — also when a second SIGTERM comes
+    while the cluster is being removed."""
     base = Path(tempfile.mkdtemp(prefix="fairq-bench-test-"))
     base.chmod(0o755)  # the cluster's files belong to the postgres user when run as root
     proc = None
@@ -302,6 +304,11 @@ def test_sigterm_removes_the_throwaway_cluster() -> None:
         clusters = list(base.glob("fairq-pg-*"))
         assert len(clusters) == 1
         proc.send_signal(signal.SIGTERM)
+        if signals == 2:
+            for line in proc.stdout:
+                if "removing the throwaway cluster" in line:
+                    proc.send_signal(signal.SIGTERM)
+                    break
         assert proc.wait(60) == 130
         assert not clusters[0].exists()
     finally:
@@ -326,3 +333,26 @@ def test_weights_and_queue_isolation_report_their_keys(dsn: str) -> None:
     assert results["details"]["queues"]["deep_messages"] == bench.TINY.queue_deep
     assert "small queue latency" in table(results)
     assert check(dsn) == []
+
+
+def test_threads_still_running_get_one_grace_together_and_are_reported() -> None:
+    """Threads that end when asked end the join quietly; those that ignore ``stop`` are
+    waited for one grace period in all (not one each) and reported."""
+    import threading
+
+    from fairq.bench.threads import Threads
+
+    polite = Threads()
+    for _ in range(3):
+        polite.start(polite.stop.wait)
+    polite.join(0)
+
+    never = threading.Event()
+    stuck = Threads()
+    for _ in range(3):
+        stuck.start(never.wait)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="3 of 3 threads did not stop within 1 s"):
+        stuck.join(0, grace=1.0)
+    assert time.monotonic() - started < 2.5  # one grace, not three
+    never.set()

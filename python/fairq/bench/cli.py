@@ -90,9 +90,14 @@ def main(argv: list[str] | None = None) -> int:
         print("fairq bench: interrupted", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
         if cluster is not None:
+            # A second Ctrl-C or SIGTERM while the cluster goes would leave it running.
+            interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            log("removing the throwaway cluster")
             cluster.remove()
+            signal.signal(signal.SIGINT, interrupt)
+        signal.signal(signal.SIGTERM, previous)
     results = clean(results)
     if args.json:
         write_json(results, args.json)

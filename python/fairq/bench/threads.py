@@ -10,6 +10,11 @@ from typing import Any
 __all__ = ["Threads"]
 
 
+#: How long threads still running at join's timeout get, all together, to stop once
+#: asked to (each function checks ``stop`` between its calls).
+STOP_GRACE_S = 30.0
+
+
 class Threads:
     """Runs functions in threads and re-raises the first exception on join."""
 
@@ -30,14 +35,23 @@ class Threads:
         thread.start()
         self.threads.append(thread)
 
-    def join(self, timeout: float | None = None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for thread in self.threads:
-            left = None if deadline is None else max(0.1, deadline - time.monotonic())
-            thread.join(left)
+    def join(self, timeout: float | None = None, grace: float = STOP_GRACE_S) -> None:
+        """Waits up to ``timeout`` for the threads to end; then sets ``stop`` and waits
+        up to ``grace`` more for all of them together (not for each in turn: n stuck
+        threads used to cost n times 30 s). Raises the first thread's exception, or
+        RuntimeError if any is still running: a bench must not measure its next
+        scenario beside a thread still working on the last."""
+        self._join_by(None if timeout is None else time.monotonic() + timeout)
         if any(t.is_alive() for t in self.threads):
             self.stop.set()
-            for thread in self.threads:
-                thread.join(30)
+            self._join_by(time.monotonic() + grace)
         if self.errors:
             raise self.errors[0]
+        stuck = sum(t.is_alive() for t in self.threads)
+        if stuck:
+            raise RuntimeError(f"{stuck} of {len(self.threads)} threads did not stop"
+                               f" within {grace:g} s of being asked to")
+
+    def _join_by(self, deadline: float | None) -> None:
+        for thread in self.threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
