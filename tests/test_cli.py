@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -130,6 +131,52 @@ def test_channel_send_stats_and_dead_letters(dsn: str) -> None:
     assert cleared.returncode == 0 and "policy cleared" in cleared.stdout
 
 
+def _findings(result: subprocess.CompletedProcess[str]) -> dict[str, tuple[str, str]]:
+    """`fairq doctor`'s table: check -> (verdict, detail)."""
+    rows = [re.split(r"\s{2,}", line, maxsplit=2) for line in result.stdout.splitlines()]
+    assert rows[0] == ["check", "verdict", "detail"]
+    return {row[0]: (row[1], row[2]) for row in rows[1:]}
+
+
+def test_doctor_reports_what_keeps_fairq_from_running_well(dsn: str) -> None:
+    healthy = fairq("doctor", "--invariants", dsn=dsn)
+    assert healthy.returncode == 0, healthy.stderr
+    found = _findings(healthy)
+    behind = os.environ.get("FAIRQ_TEST_EXTENSION_VERSION", CURRENT) != CURRENT
+    assert found["version"][0] == ("warning" if behind else "ok")
+    assert {check: found[check][0] for check in
+            ("oldest transaction", "tables", "privileges", "invariants")} == dict.fromkeys(
+        ("oldest transaction", "tables", "privileges", "invariants"), "ok")
+    assert found["autovacuum"][0] in ("ok", "warning")  # warning: a naptime over 10 s
+
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as holder:
+        holder_pid = holder.info.backend_pid
+        holder.execute("SELECT txid_current()")  # an open transaction, left idle
+        conn.execute("GRANT EXECUTE ON FUNCTION fairq.check() TO PUBLIC")
+        # (A function made without a REVOKE: its default ACL lets PUBLIC run it.)
+        conn.execute("CREATE FUNCTION fairq.added() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+        conn.execute("SELECT fairq.channel_set('tenant-a', p_max_concurrency => 2)")
+        conn.execute("SELECT fairq.message_create('tenant-a', '\\x00')")
+        conn.execute("SELECT fairq.message_dequeue(60000)")
+        conn.execute("UPDATE fairq.channel SET in_flight = 2 WHERE name = 'tenant-a'")
+        sick = fairq("doctor", "--invariants", "--max-transaction-age", "0", dsn=dsn)
+        quick = fairq("doctor", dsn=dsn)
+        holder.rollback()
+    assert sick.returncode == 1 and "2 problems found" in sick.stderr
+    found = _findings(sick)
+    assert found["oldest transaction"][0] == "warning"
+    assert f"backend {holder_pid} has held a snapshot" in found["oldest transaction"][1]
+    assert found["privileges"] == (
+        "problem", 'granted to PUBLIC: fairq."check"(), fairq.added(); revoke that, and give'
+        " roles what they need with fairq.grant_producer, grant_worker or grant_observer")
+    assert found["invariant, channel tenant-a"] == (
+        "problem", "in_flight is 2 but 1 messages are locked (max_concurrency 2)")
+    # Without --invariants fairq.check() is not run; the default age spares a fresh
+    # transaction.
+    assert quick.returncode == 1 and "1 problem found" in quick.stderr
+    assert _findings(quick)["oldest transaction"][0] == "ok"
+
+
 def test_database_errors_exit_1(dsn: str) -> None:
     result = fairq("send", "", "x", dsn=dsn)
     assert result.returncode == 1 and "p_channel" in result.stderr
@@ -146,6 +193,10 @@ def test_install_and_upgrade(plain_dsn: str, dsn: str, tmp_path: Path) -> None: 
     assert twice.returncode == 1 and "already installed" in twice.stderr
     upgraded = fairq("upgrade", dsn=plain_dsn)
     assert upgraded.returncode == 0 and "already up to date" in upgraded.stdout
+    doctor = fairq("doctor", "--invariants", dsn=plain_dsn)
+    assert doctor.returncode == 0, doctor.stderr
+    assert _findings(doctor)["version"] == ("ok", f"plain install {CURRENT}")
+    assert _findings(doctor)["privileges"][0] == "ok"
     (next_version,) = later(1)
     scripts = upgrade_dir(tmp_path, [next_version])
     upgraded = fairq("upgrade", "--scripts", str(scripts.directory), dsn=plain_dsn)

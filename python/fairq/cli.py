@@ -29,6 +29,7 @@ from fairq._source import dsn_argument
 from fairq.aio import AsyncQueue
 from fairq.aio_worker import AsyncWorker
 from fairq.codecs import BytesCodec, Codec, JsonCodec, TextCodec
+from fairq.doctor import Verdict, diagnose
 from fairq.install import InstallError, Scripts, install, upgrade
 from fairq.queue import Queue
 from fairq.types import ChannelStats, QueueStats, RetryStatus
@@ -142,6 +143,13 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--delay", type=_seconds, help="seconds until it is due")
     sub.add_argument("--priority", type=int, default=0)
     sub.add_argument("--dedup-key")
+
+    sub = leaf(commands, "doctor", "what in this database keeps fairq from running well")
+    sub.add_argument("--invariants", action="store_true",
+                     help="also run fairq.check() (reads every message; needs fairq_admin)")
+    sub.add_argument("--max-transaction-age", type=_seconds, default=timedelta(minutes=5),
+                     metavar="SECONDS",
+                     help="report snapshots held longer than this (default: 300)")
 
     sub = leaf(commands, "stats", "queues: size, ready, scheduled, in flight, dead, pause")
     sub.add_argument("--queue", help="that queue only, and its channels")
@@ -302,6 +310,14 @@ def _run(args: argparse.Namespace) -> None:
             result = queue.send(args.channel, content, delay=args.delay, priority=args.priority,
                                 dedup_key=args.dedup_key)
             print(f"{result.status.value} {result.id if result.id is not None else '-'}")
+        elif args.command == "doctor":
+            findings = diagnose(conn, invariants=args.invariants,
+                                max_transaction_age=args.max_transaction_age)
+            _print_table(["check", "verdict", "detail"],
+                         [(f.check, f.verdict.value, f.detail) for f in findings])
+            problems = sum(f.verdict is Verdict.PROBLEM for f in findings)
+            if problems:
+                raise _Failed(f"{problems} problem{'s' if problems > 1 else ''} found")
         elif args.command == "stats" and args.queue is None:
             _print_queues(queue.queues())
         elif args.command == "stats":

@@ -1,0 +1,209 @@
+"""``fairq doctor``: what in a database keeps fairq from running well, found by reading
+catalogs and statistics (nothing is changed).
+
+Each check gives a :class:`Finding`. The checks are the things that quietly slow or
+break a PostgreSQL queue in production: an installed version behind the package, a
+transaction or replication slot that keeps vacuum from removing served messages (every
+dequeue then walks their index entries), autovacuum off, too slow or behind on
+fairq's tables, fairq's objects granted to PUBLIC, and (with ``invariants``)
+``fairq.check()``'s inconsistencies between counters, turns and messages.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from fairq import __version__
+from fairq.install import installed_version
+
+__all__ = ["Finding", "Verdict", "diagnose"]
+
+#: docs/operations.md recommends this naptime: autovacuum visits a table at most once
+#: per naptime, and dead entries of served messages and channels pile up in between.
+RECOMMENDED_NAPTIME = timedelta(seconds=10)
+
+#: A table whose dead rows outnumber this and whose last vacuum is older than
+#: STALE_VACUUM is one autovacuum does not keep up with (or cannot clean).
+DEAD_ROWS_WORTH_A_LOOK = 100_000
+STALE_VACUUM = timedelta(minutes=10)
+
+
+class Verdict(enum.Enum):
+    OK = "ok"
+    WARNING = "warning"  # works, but slower or riskier than it should be
+    PROBLEM = "problem"  # broken or unsafe: `fairq doctor` exits 1
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    verdict: Verdict
+    detail: str
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _version(conn: psycopg.Connection[Any]) -> Finding:
+    row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'fairq'").fetchone()
+    how, version = ("extension", str(row[0])) if row else ("plain install",
+                                                           installed_version(conn))
+    if version is None:
+        return Finding("version", Verdict.PROBLEM,
+                       "fairq is not installed here (CREATE EXTENSION fairq, or fairq install)")
+    if _version_key(version) < _version_key(__version__):
+        upgrade = ("ALTER EXTENSION fairq UPDATE" if how == "extension" else "fairq upgrade")
+        return Finding("version", Verdict.WARNING,
+                       f"{how} {version} is behind this package's {__version__}: {upgrade}")
+    return Finding("version", Verdict.OK, f"{how} {version}")
+
+
+def _setting(conn: psycopg.Connection[Any], name: str) -> str:
+    row = conn.execute("SELECT current_setting(%s)", [name]).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _autovacuum(conn: psycopg.Connection[Any]) -> list[Finding]:
+    off = [name for name in ("autovacuum", "track_counts") if _setting(conn, name) != "on"]
+    if off:
+        return [Finding("autovacuum", Verdict.PROBLEM,
+                        f"{' and '.join(off)} off: dead rows of served messages are never"
+                        " removed, and every dequeue walks more of them")]
+    row = conn.execute("SELECT setting::int FROM pg_settings WHERE name = 'autovacuum_naptime'"
+                       ).fetchone()
+    naptime = timedelta(seconds=int(row[0]) if row else 60)
+    if naptime > RECOMMENDED_NAPTIME:
+        return [Finding("autovacuum", Verdict.WARNING,
+                        f"autovacuum_naptime is {naptime.total_seconds():g} s: dequeues walk"
+                        " the index entries of everything served since the last visit;"
+                        f" {RECOMMENDED_NAPTIME.total_seconds():g} s is recommended"
+                        " (docs/operations.md)")]
+    return [Finding("autovacuum", Verdict.OK,
+                    f"on, autovacuum_naptime {naptime.total_seconds():g} s")]
+
+
+def _oldest_snapshot(conn: psycopg.Connection[Any], max_age: timedelta) -> list[Finding]:
+    """Whatever holds back the horizon that vacuum may clean up to: open transactions
+    (this database's and shared catalogs' alike hold it for all), prepared ones and
+    replication slots."""
+    findings = []
+    # (Sessions of other databases do not hold back this one's tables; a walsender's
+    # standby feedback does.)
+    seen = conn.execute(
+        "SELECT count(*) FILTER (WHERE query = '<insufficient privilege>'),"
+        "       max(clock_timestamp() - xact_start) FILTER (WHERE backend_xmin IS NOT NULL"
+        "           OR backend_xid IS NOT NULL),"
+        "       (array_agg(pid ORDER BY xact_start) FILTER (WHERE backend_xmin IS NOT NULL"
+        "           OR backend_xid IS NOT NULL))[1]"
+        "  FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+        "   AND (datname = current_database() AND backend_type = 'client backend'"
+        "        OR backend_type = 'walsender')").fetchone()
+    assert seen is not None
+    hidden, age, pid = seen
+    if age is not None and age > max_age:
+        findings.append(Finding(
+            "oldest transaction", Verdict.WARNING,
+            f"backend {pid} has held a snapshot for {_duration(age)}: no row deleted since"
+            " can be vacuumed away, so fairq's tables and indexes grow and dequeues slow"))
+    prepared = conn.execute("SELECT gid, clock_timestamp() - prepared FROM pg_prepared_xacts"
+                            " ORDER BY prepared LIMIT 1").fetchone()
+    if prepared is not None and prepared[1] > max_age:
+        findings.append(Finding(
+            "oldest transaction", Verdict.WARNING,
+            f"prepared transaction {prepared[0]!r} is {_duration(prepared[1])} old and holds"
+            " back vacuum (COMMIT PREPARED or ROLLBACK PREPARED it)"))
+    slots = conn.execute("SELECT string_agg(slot_name, ', ') FROM pg_replication_slots"
+                         " WHERE NOT active AND (xmin IS NOT NULL OR catalog_xmin IS NOT NULL)"
+                         ).fetchone()
+    if slots is not None and slots[0] is not None:
+        findings.append(Finding(
+            "oldest transaction", Verdict.WARNING,
+            f"inactive replication slots hold back vacuum: {slots[0]}"))
+    if hidden:
+        findings.append(Finding(
+            "oldest transaction", Verdict.WARNING,
+            f"{hidden} other sessions are hidden from this role: grant it pg_read_all_stats"
+            " to see whether one holds back vacuum"))
+    return findings or [Finding("oldest transaction", Verdict.OK,
+                                f"no snapshot older than {_duration(max_age)}")]
+
+
+def _tables(conn: psycopg.Connection[Any]) -> list[Finding]:
+    rows = conn.execute(
+        "SELECT relname, n_dead_tup, clock_timestamp() - greatest(last_autovacuum, last_vacuum)"
+        "  FROM pg_stat_all_tables WHERE schemaname = 'fairq' AND n_dead_tup > %s"
+        "   AND coalesce(greatest(last_autovacuum, last_vacuum) < clock_timestamp() - %s, true)"
+        " ORDER BY n_dead_tup DESC", [DEAD_ROWS_WORTH_A_LOOK, STALE_VACUUM]).fetchall()
+    return [Finding(f"table fairq.{name}", Verdict.WARNING,
+                    f"{dead:,} dead rows and " + ("never vacuumed" if since is None
+                                                  else f"last vacuumed {_duration(since)} ago")
+                    + ": autovacuum is not keeping up (see the oldest transaction, and"
+                    " docs/operations.md on table health)")
+            for name, dead, since in rows] or [
+        Finding("tables", Verdict.OK, "autovacuum keeps up with fairq's tables")]
+
+
+def _public_grants(conn: psycopg.Connection[Any]) -> Finding:
+    # (A NULL ACL is the default one: EXECUTE for PUBLIC on a function, USAGE on a type.)
+    rows = conn.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p,"
+        "       aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a"
+        " WHERE p.pronamespace = 'fairq'::regnamespace AND a.grantee = 0"
+        " UNION ALL"
+        " SELECT c.oid::regclass::text FROM pg_class c, aclexplode(c.relacl) a"
+        " WHERE c.relnamespace = 'fairq'::regnamespace AND a.grantee = 0"
+        " UNION ALL"
+        " SELECT 'type ' || t.oid::regtype::text FROM pg_type t"
+        "  LEFT JOIN pg_class r ON r.oid = t.typrelid,"
+        "       aclexplode(coalesce(t.typacl, acldefault('T', t.typowner))) a"
+        " WHERE t.typnamespace = 'fairq'::regnamespace AND a.grantee = 0"
+        "   AND t.typelem = 0 AND (r.oid IS NULL OR r.relkind = 'c')"
+        " UNION ALL"
+        " SELECT 'schema ' || n.nspname FROM pg_namespace n, aclexplode(n.nspacl) a"
+        " WHERE n.nspname = 'fairq' AND a.grantee = 0"
+        ).fetchall()
+    if rows:
+        names = sorted(r[0] for r in rows)
+        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+        return Finding("privileges", Verdict.PROBLEM,
+                       f"granted to PUBLIC: {', '.join(names[:5])}{more}; revoke that, and"
+                       " give roles what they need with fairq.grant_producer, grant_worker"
+                       " or grant_observer")
+    return Finding("privileges", Verdict.OK, "nothing of fairq's is granted to PUBLIC")
+
+
+def _invariants(conn: psycopg.Connection[Any]) -> list[Finding]:
+    rows = conn.execute("SELECT channel, problem FROM fairq.check()").fetchall()
+    return [Finding(f"invariant, channel {channel}", Verdict.PROBLEM, problem)
+            for channel, problem in rows] or [
+        Finding("invariants", Verdict.OK, "fairq.check() found nothing wrong")]
+
+
+def _duration(span: timedelta) -> str:
+    seconds = int(span.total_seconds())
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
+
+
+def diagnose(conn: psycopg.Connection[Any], *, invariants: bool = False,
+             max_transaction_age: timedelta = timedelta(minutes=5)) -> list[Finding]:
+    """The findings on ``conn``'s database, in the order above. ``invariants`` also runs
+    ``fairq.check()``, which reads every message (fairq_admin's right; minutes on a
+    table of millions). A snapshot older than ``max_transaction_age`` is reported."""
+    version = _version(conn)
+    if version.verdict is Verdict.PROBLEM:
+        return [version]
+    findings = [version, *_autovacuum(conn), *_oldest_snapshot(conn, max_transaction_age),
+                *_tables(conn), _public_grants(conn)]
+    if invariants:
+        findings += _invariants(conn)
+    return findings
