@@ -266,7 +266,7 @@ def test_rows_fairq_refuses_are_left_out_and_recorded_when_asked(
     """By default a row fairq refuses fails its batch (and would fail every replay);
     with invalid_rows="skip" the batch is written without it, each part recording how
     many it left out, and a replay reports the same. A progress table made by a sink
-    before 0.7.30 gets its invalid column."""
+    before it counted invalid rows gets its invalid column."""
     from fairq.spark import SinkBatchResult
     from fairq.spark.stream import _CREATE_TABLE
 

@@ -79,7 +79,7 @@ CREATE TABLE IF NOT EXISTS {table} (
     PRIMARY KEY (query_id, sink, batch_id, part)
 )"""
 
-# A table made by the package before 0.7.30 has no invalid column.
+# A table made before the sink counted invalid rows has no invalid column.
 _ADD_INVALID = "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS invalid bigint NOT NULL DEFAULT 0"
 
 _TABLE_COMMENT = (
@@ -120,7 +120,7 @@ def _table(schema: str) -> sql.Identifier:
 def ensure_progress_table(conn: psycopg.Connection[Any], schema: str) -> None:
     """Creates ``schema.fairq_spark_sink_progress`` unless it exists (a role without
     CREATE on the schema can use one made ahead of time with the same columns), and
-    adds the ``invalid`` column to a table made before it had one (0.7.30)."""
+    adds the ``invalid`` column to a table made before the sink counted invalid rows."""
     table = _table(schema)
     name = table.as_string(conn)
     found = conn.execute(
@@ -143,7 +143,7 @@ def ensure_progress_table(conn: psycopg.Connection[Any], schema: str) -> None:
             conn.execute(sql.SQL(_ADD_INVALID).format(table=table))
         except errors.InsufficientPrivilege as error:
             raise RuntimeError(
-                f"{name} has no invalid column (fairq.spark 0.7.30 counts invalid rows"
+                f"{name} has no invalid column (this fairq.spark counts invalid rows"
                 " there), and this role may not add it: have its owner run "
                 + sql.SQL(_ADD_INVALID).format(table=table).as_string(conn)) from error
 
