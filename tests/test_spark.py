@@ -231,31 +231,67 @@ def test_bad_rows_fail_clearly(spark: Any, conn: psycopg.Connection[Any]) -> Non
 
 def test_rows_fairq_refuses_are_left_out_and_counted_when_asked(
         spark: Any, conn: psycopg.Connection[Any]) -> None:
-    """invalid_rows="skip": each row the server refuses (SQLSTATE class 22) is left out
-    and counted, every other row of its chunk lands once; without it the job fails
-    and a bad queue name fails either way before any row is sent."""
+    """invalid_rows="skip": each row beyond fairq's limits is left out and counted,
+    every other row lands once; without it the job fails. A bad queue name and what
+    the server refuses for other reasons (here a bad setting) fail either way."""
     from fairq.spark import enqueue
 
     bad = {7: (None, "x", None), 40: ("", "x", None), 41: ("c" * 256, "x", None),
-           99: ("t", None, None), 150: ("t", "x", "k" * 1025)}
+           42: ("nul\x00", "x", None), 99: ("t", None, None), 150: ("t", "x", "k" * 1025)}
     rows = [bad.get(i, (f"t{i % 5}", f"job-{i}", f"key-{i}")) for i in range(200)]
     df = spark.createDataFrame(rows, "tenant string, body string, key string").repartition(3)
     result = enqueue(df, conn.info.dsn, channel="tenant", content="body", dedup_key="key",
                      batch_size=50, invalid_rows="skip")
-    assert (result.created, result.duplicate, result.dropped, result.invalid) == (195, 0, 0, 5)
+    assert (result.created, result.duplicate, result.dropped, result.invalid) == (194, 0, 0, 6)
     assert result.rows == 200
     bodies = sorted(bytes(b).decode() for (b,) in conn.execute("SELECT content FROM fairq.message"))
     assert bodies == sorted(f"job-{i}" for i in range(200) if i not in bad)
     again = enqueue(df, conn.info.dsn, channel="tenant", content="body", dedup_key="key",
                     batch_size=50, invalid_rows="skip")
-    assert (again.created, again.duplicate, again.invalid) == (0, 195, 5)
-    with pytest.raises(Exception, match="p_queue must be non-empty"):
+    assert (again.created, again.duplicate, again.invalid) == (0, 194, 6)
+    with pytest.raises(ValueError, match="queue must be non-empty text"):
         enqueue(df, conn.info.dsn, channel="tenant", content="body", queue="",
                 invalid_rows="skip")
-    assert conn.execute("SELECT count(*) FROM fairq.message").fetchone() == (195,)
-    with pytest.raises(Exception, match=r"p_channels.* must be non-empty|must not be NULL"):
+    with pytest.raises(Exception, match=r"must be non-empty|must not be NULL|0x00"):
         enqueue(df, conn.info.dsn, channel="tenant", content="body", dedup_key="key",
                 batch_size=50)
+    conn.execute(f'ALTER DATABASE "{conn.info.dbname}" SET fairq.events = \'nonsense\'')
+    fine = spark.createDataFrame([("t", "new")], "tenant string, body string")
+    with pytest.raises(Exception, match=r"fairq\.events must be"):
+        enqueue(fine, conn.info.dsn, channel="tenant", content="body", invalid_rows="skip")
+
+
+def test_the_limits_rows_are_checked_against_are_fairqs(conn: psycopg.Connection[Any]) -> None:
+    """fairq.spark leaves out, before sending, exactly the rows the SQL refuses: at
+    the edges of each limit, row_problem and message_create_batch agree."""
+    from fairq.spark.messages import (
+        MAX_DEDUP_KEY_BYTES,
+        MAX_NAME_BYTES,
+        name_problem,
+        row_problem,
+    )
+
+    edges = [("é" * (MAX_NAME_BYTES // 2), b"x", None), ("c" * MAX_NAME_BYTES, b"x", None),
+             ("c" * (MAX_NAME_BYTES + 1), b"x", None), ("", b"x", None), (None, b"x", None),
+             ("c", None, None), ("c", b"x", "k" * MAX_DEDUP_KEY_BYTES),
+             ("c", b"x", "é" * (MAX_DEDUP_KEY_BYTES // 2 + 1)), ("c", b"x", "")]
+    for channel, content, key in edges:
+        try:
+            conn.execute("SELECT fairq.message_create_batch(%s, %s, p_dedup_keys => %s)",
+                         ([channel], [content], [key]))
+            refused = False
+        except psycopg.DataError:
+            refused = True
+        assert (row_problem((channel, content, None, None, key)) is not None) == refused, (
+            channel, content, key)
+    for queue in ("q" * MAX_NAME_BYTES, "q" * (MAX_NAME_BYTES + 1), ""):
+        try:
+            conn.execute("SELECT fairq.message_create_batch(%s, %s, p_queue => %s)",
+                         (["c"], [b"x"], queue))
+            refused = False
+        except psycopg.DataError:
+            refused = True
+        assert (name_problem(queue) is not None) == refused, queue
 
 
 def test_writers_work_where_the_default_isolation_is_another(

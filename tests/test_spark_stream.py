@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -283,6 +284,33 @@ def test_rows_fairq_refuses_are_left_out_and_recorded_when_asked(
         "SELECT m.content FROM fairq.message m JOIN fairq.queue q ON q.id = m.queue_id"
         " WHERE q.name = 'default'")) == [n for n in range(60) if n % 9]
     assert sink.write_batch(df.orderBy("n"), 1) == SinkBatchResult(1, 53, 0, 0, 4, 4, 7)
+
+
+def test_an_older_progress_table_its_role_may_not_alter(
+        spark: Any, conn: psycopg.Connection[Any], in_query: Any, server: Any) -> None:
+    """A progress table made ahead of time by its owner before the sink counted invalid
+    rows: a sink of another role keeps working without the column, and one that would
+    leave rows out says what the owner must run."""
+    from fairq.spark.stream import _CREATE_TABLE
+
+    role = f"fairq_sink_{uuid.uuid4().hex[:12]}"
+    server.admin(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        conn.execute(_CREATE_TABLE.replace("    invalid    bigint      NOT NULL DEFAULT 0,\n", "")
+                     .format(table=PROGRESS))
+        conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON {PROGRESS} TO "{role}"')
+        conn.execute("SELECT fairq.grant_producer(%s::regrole)", [role])
+        dsn = psycopg.conninfo.make_conninfo(conn.info.dsn, user=role)
+        df = spark.createDataFrame([(n, "tenant-a") for n in range(10)], "n long, tenant string")
+        result = make_sink(dsn, partitions=2).write_batch(df, 0)
+        assert (result.created, result.invalid) == (10, 0)
+        with pytest.raises(RuntimeError, match="have the table's owner run ALTER TABLE"):
+            make_sink(dsn, partitions=2, invalid_rows="skip").write_batch(df, 1)
+        assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = %s::regclass"
+                            " AND attname = 'invalid'", [PROGRESS]).fetchone() == (0,)
+    finally:
+        conn.execute(f'DROP OWNED BY "{role}"')
+        server.admin(f'DROP ROLE "{role}"')
 
 
 @pytest.mark.parametrize("queue", ["emails", "default"])

@@ -101,10 +101,10 @@ def enqueue(df: DataFrame, dsn: str, *, channel: str | Column, content: str | Co
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     invalid_rows = InvalidRows(invalid_rows)
+    require_queue_name(queue)
 
     with connect(dsn) as conn:
         require_named_queues(conn)
-        require_queue_name(conn, queue)
     sc = df.sparkSession.sparkContext
     counters = (sc.accumulator(0), sc.accumulator(0), sc.accumulator(0), sc.accumulator(0))
     project(df, channel, content, dequeue_at, priority, dedup_key).foreachPartition(

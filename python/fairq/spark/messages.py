@@ -26,12 +26,52 @@ log = logging.getLogger("fairq.spark")
 
 
 class InvalidRows(enum.Enum):
-    """What a writer does with a row whose message fairq refuses (SQLSTATE class 22:
-    a NULL channel or content, an empty or too long channel name or dedup key, a
-    dequeue_at at infinity)."""
+    """What a writer does with a row whose fields fairq's limits refuse
+    (:func:`row_problem`)."""
 
-    FAIL = "fail"  # the task fails, and with it the job (a stream: every replay)
+    FAIL = "fail"  # fairq refuses the chunk: the task fails, and with it the job
     SKIP = "skip"  # the row is left out, counted as invalid and logged
+
+
+#: fairq's limits on names (channels and queues) and dedup keys, in bytes of UTF-8
+#: (sql/validate.sql; tests/test_spark.py checks them against the SQL at the edges).
+MAX_NAME_BYTES = 255
+MAX_DEDUP_KEY_BYTES = 1024
+
+
+def name_problem(name: str | None) -> str | None:
+    """Why fairq refuses ``name`` as a channel's or a queue's, or None."""
+    if name is None:
+        return "is NULL"
+    size = len(name.encode())
+    if not 0 < size <= MAX_NAME_BYTES:
+        return f"must be non-empty text of at most {MAX_NAME_BYTES} bytes, got {size} bytes"
+    if "\x00" in name:
+        return "holds a NUL character (PostgreSQL text cannot)"
+    return None
+
+
+def row_problem(row: Sequence[Any]) -> str | None:
+    """Why fairq would refuse the message of ``row`` (:func:`project`'s), or None.
+
+    These are fairq's documented limits, checked before anything is sent: rows that
+    break them are what ``invalid_rows="skip"`` leaves out. A chunk is still sent in
+    one call, with no savepoint (in a stream's part, savepoints that commit would
+    each hold a subtransaction until the part commits, and past 64 of them every
+    snapshot on the server gets slower); whatever else the server refuses fails it."""
+    channel, content, _, _, dedup_key = row[:5]
+    problem = name_problem(channel)
+    if problem is not None:
+        return f"channel {problem}"
+    if content is None:
+        return "content is NULL"
+    if dedup_key is not None:
+        size = len(dedup_key.encode())
+        if size > MAX_DEDUP_KEY_BYTES:
+            return f"dedup_key must be at most {MAX_DEDUP_KEY_BYTES} bytes, got {size}"
+        if "\x00" in dedup_key:
+            return "dedup_key holds a NUL character (PostgreSQL text cannot)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -195,26 +235,19 @@ def create_messages(conn: psycopg.Connection[Any], rows: Sequence[Sequence[Any]]
     counts them by outcome. A NULL dequeue_at means now, a NULL priority 0; a NULL
     content fails with SQLSTATE 22004, as the SQL would (the codec cannot carry it).
 
-    With :attr:`InvalidRows.SKIP`, a call that fairq refuses for its input (SQLSTATE
-    class 22, each error naming the element) is undone to a savepoint and split in
-    halves until each refused row is alone; those rows are left out, counted as
-    ``invalid`` and logged. fairq's own checks decide what is invalid: no rule is
-    repeated here. A chunk with one bad row in n costs some 2·log2(n) calls more."""
-    if invalid_rows is InvalidRows.FAIL:
-        return _create(conn, rows, queue)
-    import psycopg
-
-    try:
-        with conn.transaction():
-            return _create(conn, rows, queue)
-    except psycopg.DataError as error:  # SQLSTATE class 22
-        if len(rows) == 1:
-            log.warning("fairq.spark: left out a row of channel %r that fairq refuses: %s",
-                        rows[0][0], error.diag.message_primary or error)
-            return Tally(invalid=1)
-    half = len(rows) // 2
-    return (create_messages(conn, rows[:half], queue, invalid_rows)
-            + create_messages(conn, rows[half:], queue, invalid_rows))
+    With :attr:`InvalidRows.SKIP`, rows that :func:`row_problem` refuses are left out,
+    counted as ``invalid`` and logged, and the others sent."""
+    if invalid_rows is InvalidRows.SKIP:
+        valid = []
+        for row in rows:
+            problem = row_problem(row)
+            if problem is None:
+                valid.append(row)
+            else:
+                log.warning("left out a row of channel %r: %s", row[0], problem)
+        return (_create(conn, valid, queue) if valid else Tally()) + Tally(
+            invalid=len(rows) - len(valid))
+    return _create(conn, rows, queue)
 
 
 def _create(conn: psycopg.Connection[Any], rows: Sequence[Sequence[Any]], queue: str) -> Tally:
@@ -235,13 +268,12 @@ def _create(conn: psycopg.Connection[Any], rows: Sequence[Sequence[Any]], queue:
                  statuses.count(CreateStatus.DROPPED))
 
 
-def require_queue_name(conn: psycopg.Connection[Any], queue: str) -> None:
-    """Raises (fairq's SQLSTATE 22023, naming p_queue) before any row is sent if
-    ``queue`` is no valid queue name: a call with no messages checks the name and
-    writes nothing. (Rows left out as invalid are the rows' own faults, never the
-    queue's.)"""
-    conn.execute("SELECT count(*) FROM fairq.message_create_batch('{}'::text[], '{}'::bytea[],"
-                 " p_queue => %s)", [queue])
+def require_queue_name(queue: str) -> None:
+    """Raises ValueError before any row is sent if fairq would refuse ``queue``'s name
+    (a fault of no row: never left out as invalid)."""
+    problem = name_problem(queue)
+    if problem is not None:
+        raise ValueError(f"queue {problem}")
 
 
 def has_named_queues(conn: psycopg.Connection[Any]) -> bool:

@@ -117,10 +117,13 @@ def _table(schema: str) -> sql.Identifier:
     return sql.Identifier(schema, PROGRESS_TABLE)
 
 
-def ensure_progress_table(conn: psycopg.Connection[Any], schema: str) -> None:
+def ensure_progress_table(conn: psycopg.Connection[Any], schema: str, *,
+                          need_invalid: bool = False) -> bool:
     """Creates ``schema.fairq_spark_sink_progress`` unless it exists (a role without
     CREATE on the schema can use one made ahead of time with the same columns), and
-    adds the ``invalid`` column to a table made before the sink counted invalid rows."""
+    returns whether it has the ``invalid`` column. A table made before the sink counted
+    invalid rows gets it where this role may add it; where not, a sink that leaves
+    invalid rows out (``need_invalid``) raises, and any other works as before."""
     table = _table(schema)
     name = table.as_string(conn)
     found = conn.execute(
@@ -129,31 +132,35 @@ def ensure_progress_table(conn: psycopg.Connection[Any], schema: str) -> None:
         [name, name]).fetchone()
     exists, has_invalid = found if found else (False, False)
     if exists and has_invalid:
-        return
-    with conn.transaction():
-        # CREATE TABLE IF NOT EXISTS still fails when another session creates the same
-        # table at the same moment: the lock makes sinks starting together take turns.
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [name])
-        if not exists:
-            conn.execute(sql.SQL(_CREATE_TABLE).format(table=table))
-            conn.execute(sql.SQL("COMMENT ON TABLE {table} IS {comment}").format(
-                table=table, comment=sql.Literal(_TABLE_COMMENT)))
-            return
-        try:
-            conn.execute(sql.SQL(_ADD_INVALID).format(table=table))
-        except errors.InsufficientPrivilege as error:
+        return True
+    try:
+        with conn.transaction():
+            # CREATE TABLE IF NOT EXISTS still fails when another session creates the
+            # same table at the same moment: the lock makes sinks starting together
+            # take turns.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [name])
+            if not exists:
+                conn.execute(sql.SQL(_CREATE_TABLE).format(table=table))
+                conn.execute(sql.SQL("COMMENT ON TABLE {table} IS {comment}").format(
+                    table=table, comment=sql.Literal(_TABLE_COMMENT)))
+            else:
+                conn.execute(sql.SQL(_ADD_INVALID).format(table=table))
+        return True
+    except errors.InsufficientPrivilege as error:
+        if not exists or need_invalid:
             raise RuntimeError(
-                f"{name} has no invalid column (this fairq.spark counts invalid rows"
-                " there), and this role may not add it: have its owner run "
+                f"{name} has no invalid column, which a sink with invalid_rows=\"skip\""
+                " counts in, and this role may not add it: have the table's owner run "
                 + sql.SQL(_ADD_INVALID).format(table=table).as_string(conn)) from error
+        return False
 
 
 def _write_part(rows: Iterable[Any], *, dsn: str, schema: str, query_id: str, sink: str,
                 batch_id: int, parts: int, queue: str, batch_size: int,
-                invalid_rows: InvalidRows) -> None:
+                invalid_rows: InvalidRows, record_invalid: bool) -> None:
     """Runs on an executor: writes one part of a batch (this task's partition) in one
     transaction, unless another attempt has committed it. Rows left out as invalid
-    are the same on every attempt (fairq's checks of the row alone decide)."""
+    are the same on every attempt (the limits look at the row alone)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -183,10 +190,12 @@ def _write_part(rows: Iterable[Any], *, dsn: str, schema: str, query_id: str, si
                 # would then depend on more than the rows, and replays could duplicate.
                 raise RuntimeError(f"a row of part {stray} is in partition {part}")
             tally += create_messages(conn, chunk, queue, invalid_rows)
+        # (A table made before the sink counted invalid rows, which this role may not
+        # alter, has no invalid column; then no row was left out.)
+        invalid = ", invalid = %(invalid)s" if record_invalid else ""
         conn.execute(sql.SQL(
             "UPDATE {table} SET created = %(created)s, duplicate = %(duplicate)s,"
-            " dropped = %(dropped)s, invalid = %(invalid)s"
-            " WHERE (query_id, sink, batch_id, part)"
+            f" dropped = %(dropped)s{invalid} WHERE (query_id, sink, batch_id, part)"
             " = (%(query_id)s, %(sink)s, %(batch_id)s, %(part)s)").format(table=table),
             {**key, "created": tally.created, "duplicate": tally.duplicate,
              "dropped": tally.dropped, "invalid": tally.invalid})
@@ -226,6 +235,7 @@ class QueueSink:
             raise ValueError("partitions must be at least 1")
         if name == "":
             raise ValueError("name must not be empty")
+        require_queue_name(queue)
         self.dsn = dsn
         self.channel, self.content = channel, content
         self.dequeue_at, self.priority, self.dedup_key = dequeue_at, priority, dedup_key
@@ -237,6 +247,7 @@ class QueueSink:
         self.invalid_rows = InvalidRows(invalid_rows)
         self.last_result: SinkBatchResult | None = None
         self._checked = False
+        self._has_invalid = False  # the progress table's invalid column
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         """The foreachBatch function: :meth:`write_batch`."""
@@ -254,8 +265,9 @@ class QueueSink:
         with connect(self.dsn) as conn:
             if not self._checked:
                 require_named_queues(conn)
-                require_queue_name(conn, self.queue)
-                ensure_progress_table(conn, self.progress_schema)
+                self._has_invalid = ensure_progress_table(
+                    conn, self.progress_schema,
+                    need_invalid=self.invalid_rows is InvalidRows.SKIP)
                 self._checked = True
             parts, committed = self._begin(
                 conn, query_id, batch_id,
@@ -315,13 +327,15 @@ class QueueSink:
          .foreachPartition(partial(
              _write_part, dsn=self.dsn, schema=self.progress_schema, query_id=query_id,
              sink=self.name, batch_id=batch_id, parts=parts, queue=self.queue,
-             batch_size=self.batch_size, invalid_rows=self.invalid_rows)))
+             batch_size=self.batch_size, invalid_rows=self.invalid_rows,
+             record_invalid=self._has_invalid)))
 
     def _result(self, conn: psycopg.Connection[Any], query_id: str, batch_id: int,
                 parts: int, skipped: int) -> SinkBatchResult:
+        invalid_sum = "coalesce(sum(invalid), 0)" if self._has_invalid else "0"
         row = conn.execute(sql.SQL(
             "SELECT count(*), coalesce(sum(created), 0), coalesce(sum(duplicate), 0),"
-            " coalesce(sum(dropped), 0), coalesce(sum(invalid), 0)"
+            f" coalesce(sum(dropped), 0), {invalid_sum}"
             " FROM {table} WHERE query_id = %(query_id)s"
             f" AND sink = %(sink)s AND batch_id = %(batch_id)s AND part <> {_BATCH_ROW}")
             .format(table=_table(self.progress_schema)), self._key(query_id, batch_id)).fetchone()
