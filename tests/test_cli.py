@@ -7,8 +7,10 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -175,6 +177,30 @@ def test_doctor_reports_what_keeps_fairq_from_running_well(dsn: str) -> None:
     # transaction.
     assert quick.returncode == 1 and "1 problem found" in quick.stderr
     assert _findings(quick)["oldest transaction"][0] == "ok"
+
+
+def test_doctor_as_an_observer_says_what_it_cannot_see(dsn: str, server: Any) -> None:
+    """A role given fairq.grant_observer runs every check, and is told that sessions of
+    other roles are hidden from it instead of hearing that none holds a snapshot."""
+    role = f"fairq_doctor_{uuid.uuid4().hex[:12]}"
+    server.admin(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as holder:
+            conn.execute("SELECT fairq.grant_observer(%s::regrole)", [role])
+            holder.execute("SELECT txid_current()")
+            seen = fairq("doctor", "--invariants", "--max-transaction-age", "0",
+                         dsn=psycopg.conninfo.make_conninfo(dsn, user=role))
+            holder.rollback()
+            conn.execute(f'DROP OWNED BY "{role}"')
+    finally:
+        server.admin(f'DROP ROLE "{role}"')
+    assert seen.returncode == 0, seen.stderr
+    found = _findings(seen)
+    verdict, detail = found["oldest transaction"]  # (holder, conn, any autovacuum)
+    assert verdict == "warning" and re.fullmatch(
+        r"([2-9]|\d\d+) sessions of this database are hidden from this role: grant it"
+        " pg_read_all_stats to see whether one holds back vacuum", detail), detail
+    assert found["invariants"][0] == "ok" and found["privileges"][0] == "ok"
 
 
 def test_database_errors_exit_1(dsn: str) -> None:

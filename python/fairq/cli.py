@@ -146,7 +146,8 @@ def _parser() -> argparse.ArgumentParser:
 
     sub = leaf(commands, "doctor", "what in this database keeps fairq from running well")
     sub.add_argument("--invariants", action="store_true",
-                     help="also run fairq.check() (reads every message; needs fairq_admin)")
+                     help="also run fairq.check() (reads every message; a role needs"
+                          " fairq.grant_observer)")
     sub.add_argument("--max-transaction-age", type=_seconds, default=timedelta(minutes=5),
                      metavar="SECONDS",
                      help="report snapshots held longer than this (default: 300)")

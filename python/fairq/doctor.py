@@ -12,6 +12,7 @@ fairq's tables, fairq's objects granted to PUBLIC, and (with ``invariants``)
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -46,18 +47,26 @@ class Finding:
     detail: str
 
 
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
+def _version_key(version: str) -> tuple[int, ...] | None:
+    """major.minor.patch as numbers; None for what is not one (a hand-made build)."""
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    return None if match is None else tuple(int(part) for part in match.groups())
 
 
 def _version(conn: psycopg.Connection[Any]) -> Finding:
     row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'fairq'").fetchone()
-    how, version = ("extension", str(row[0])) if row else ("plain install",
-                                                           installed_version(conn))
+    try:
+        how, version = ("extension", str(row[0])) if row else ("plain install",
+                                                               installed_version(conn))
+    except psycopg.errors.InsufficientPrivilege:
+        return Finding("version", Verdict.PROBLEM,
+                       "this role may not read schema fairq: run the doctor as its owner, or"
+                       " as a role given fairq.grant_observer")
     if version is None:
         return Finding("version", Verdict.PROBLEM,
                        "fairq is not installed here (CREATE EXTENSION fairq, or fairq install)")
-    if _version_key(version) < _version_key(__version__):
+    installed, package = _version_key(version), _version_key(__version__)
+    if installed is not None and package is not None and installed < package:
         upgrade = ("ALTER EXTENSION fairq UPDATE" if how == "extension" else "fairq upgrade")
         return Finding("version", Verdict.WARNING,
                        f"{how} {version} is behind this package's {__version__}: {upgrade}")
@@ -90,21 +99,21 @@ def _autovacuum(conn: psycopg.Connection[Any]) -> list[Finding]:
 
 
 def _oldest_snapshot(conn: psycopg.Connection[Any], max_age: timedelta) -> list[Finding]:
-    """Whatever holds back the horizon that vacuum may clean up to: open transactions
-    (this database's and shared catalogs' alike hold it for all), prepared ones and
-    replication slots."""
+    """Whatever holds back the horizon that vacuum may clean fairq's tables up to:
+    this database's open transactions, its prepared ones, and replication slots that
+    no one reads. (Sessions of other databases hold back only shared catalogs.)"""
     findings = []
-    # (Sessions of other databases do not hold back this one's tables; a walsender's
-    # standby feedback does.)
+    # A session this role may not see shows its database and snapshot but neither its
+    # start nor its type (its query reads '<insufficient privilege>').
     seen = conn.execute(
-        "SELECT count(*) FILTER (WHERE query = '<insufficient privilege>'),"
+        "SELECT count(*) FILTER (WHERE query = '<insufficient privilege>'"
+        "                          AND usesysid IS NOT NULL),"
         "       max(clock_timestamp() - xact_start) FILTER (WHERE backend_xmin IS NOT NULL"
         "           OR backend_xid IS NOT NULL),"
-        "       (array_agg(pid ORDER BY xact_start) FILTER (WHERE backend_xmin IS NOT NULL"
-        "           OR backend_xid IS NOT NULL))[1]"
-        "  FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
-        "   AND (datname = current_database() AND backend_type = 'client backend'"
-        "        OR backend_type = 'walsender')").fetchone()
+        "       (array_agg(pid ORDER BY xact_start) FILTER (WHERE xact_start IS NOT NULL"
+        "           AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)))[1]"
+        "  FROM pg_stat_activity"
+        " WHERE pid <> pg_backend_pid() AND datname = current_database()").fetchone()
     assert seen is not None
     hidden, age, pid = seen
     if age is not None and age > max_age:
@@ -113,6 +122,7 @@ def _oldest_snapshot(conn: psycopg.Connection[Any], max_age: timedelta) -> list[
             f"backend {pid} has held a snapshot for {_duration(age)}: no row deleted since"
             " can be vacuumed away, so fairq's tables and indexes grow and dequeues slow"))
     prepared = conn.execute("SELECT gid, clock_timestamp() - prepared FROM pg_prepared_xacts"
+                            " WHERE database = current_database()"
                             " ORDER BY prepared LIMIT 1").fetchone()
     if prepared is not None and prepared[1] > max_age:
         findings.append(Finding(
@@ -120,8 +130,7 @@ def _oldest_snapshot(conn: psycopg.Connection[Any], max_age: timedelta) -> list[
             f"prepared transaction {prepared[0]!r} is {_duration(prepared[1])} old and holds"
             " back vacuum (COMMIT PREPARED or ROLLBACK PREPARED it)"))
     slots = conn.execute("SELECT string_agg(slot_name, ', ') FROM pg_replication_slots"
-                         " WHERE NOT active AND (xmin IS NOT NULL OR catalog_xmin IS NOT NULL)"
-                         ).fetchone()
+                         " WHERE NOT active AND xmin IS NOT NULL").fetchone()
     if slots is not None and slots[0] is not None:
         findings.append(Finding(
             "oldest transaction", Verdict.WARNING,
@@ -129,8 +138,8 @@ def _oldest_snapshot(conn: psycopg.Connection[Any], max_age: timedelta) -> list[
     if hidden:
         findings.append(Finding(
             "oldest transaction", Verdict.WARNING,
-            f"{hidden} other sessions are hidden from this role: grant it pg_read_all_stats"
-            " to see whether one holds back vacuum"))
+            f"{hidden} sessions of this database are hidden from this role: grant it"
+            " pg_read_all_stats to see whether one holds back vacuum"))
     return findings or [Finding("oldest transaction", Verdict.OK,
                                 f"no snapshot older than {_duration(max_age)}")]
 
@@ -158,6 +167,10 @@ def _public_grants(conn: psycopg.Connection[Any]) -> Finding:
         " WHERE p.pronamespace = 'fairq'::regnamespace AND a.grantee = 0"
         " UNION ALL"
         " SELECT c.oid::regclass::text FROM pg_class c, aclexplode(c.relacl) a"
+        " WHERE c.relnamespace = 'fairq'::regnamespace AND a.grantee = 0"
+        " UNION ALL"
+        " SELECT c.oid::regclass::text || '.' || quote_ident(t.attname)"
+        "  FROM pg_class c JOIN pg_attribute t ON t.attrelid = c.oid, aclexplode(t.attacl) a"
         " WHERE c.relnamespace = 'fairq'::regnamespace AND a.grantee = 0"
         " UNION ALL"
         " SELECT 'type ' || t.oid::regtype::text FROM pg_type t"
@@ -197,8 +210,9 @@ def _duration(span: timedelta) -> str:
 def diagnose(conn: psycopg.Connection[Any], *, invariants: bool = False,
              max_transaction_age: timedelta = timedelta(minutes=5)) -> list[Finding]:
     """The findings on ``conn``'s database, in the order above. ``invariants`` also runs
-    ``fairq.check()``, which reads every message (fairq_admin's right; minutes on a
-    table of millions). A snapshot older than ``max_transaction_age`` is reported."""
+    ``fairq.check()``, which reads every message (a role given fairq.grant_observer
+    may; minutes on a table of millions). A snapshot older than
+    ``max_transaction_age`` is reported."""
     version = _version(conn)
     if version.verdict is Verdict.PROBLEM:
         return [version]
