@@ -284,10 +284,11 @@ def test_the_gate_closes_at_the_backlog_bound_and_opens_below_it(dsn: str) -> No
 
 
 @needs_pgbench
-@pytest.mark.parametrize("signals", [1, 2])
-def test_sigterm_removes_the_throwaway_cluster(signals: int) -> None:
+@pytest.mark.parametrize(("stop", "signals"), [
+    (signal.SIGTERM, 1), (signal.SIGTERM, 2), (signal.SIGINT, 2)])
+def test_sigterm_removes_the_throwaway_cluster(stop: signal.Signals, signals: int) -> None:
     """`kill` (or a CI timeout) ends a bench like Ctrl-C: its own cluster is stopped
-    and its directory removed, not left running — also when a second SIGTERM comes
+    and its directory removed, not left running — also when a second signal comes
     while the cluster is being removed."""
     base = Path(tempfile.mkdtemp(prefix="fairq-bench-test-"))
     base.chmod(0o755)  # the cluster's files belong to the postgres user when run as root
@@ -303,11 +304,11 @@ def test_sigterm_removes_the_throwaway_cluster(signals: int) -> None:
                 break
         clusters = list(base.glob("fairq-pg-*"))
         assert len(clusters) == 1
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop)
         if signals == 2:
             for line in proc.stdout:
                 if "removing the throwaway cluster" in line:
-                    proc.send_signal(signal.SIGTERM)
+                    proc.send_signal(stop)
                     break
         assert proc.wait(60) == 130
         assert not clusters[0].exists()

@@ -51,7 +51,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Ctrl-C and SIGTERM (a CI timeout, `kill`) end a run alike: the throwaway cluster is
+#: removed on the way out instead of being left running.
+_STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _interrupt(signum: int, frame: Any) -> None:
+    # The first ends the run; those after it are ignored until the cluster is gone
+    # (one arriving while it is being removed would leave it running).
+    for stop in _STOPS:
+        signal.signal(stop, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -66,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = Progress()
     cluster = None
-    # SIGTERM (a CI timeout, `kill`) ends the run like Ctrl-C: the throwaway cluster
-    # is removed on the way out instead of being left running.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = {stop: signal.signal(stop, _interrupt) for stop in _STOPS}
     try:
         if args.dsn:
             dsn, where = args.dsn, "external (--dsn)"
@@ -90,14 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         print("fairq bench: interrupted", file=sys.stderr)
         return 130
     finally:
-        if cluster is not None:
-            # A second Ctrl-C or SIGTERM while the cluster goes would leave it running.
-            interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            log("removing the throwaway cluster")
-            cluster.remove()
-            signal.signal(signal.SIGINT, interrupt)
-        signal.signal(signal.SIGTERM, previous)
+        try:
+            if cluster is not None:
+                for stop in _STOPS:
+                    signal.signal(stop, signal.SIG_IGN)
+                log("removing the throwaway cluster")
+                cluster.remove()
+        finally:
+            for stop, handler in previous.items():
+                signal.signal(stop, handler)
     results = clean(results)
     if args.json:
         write_json(results, args.json)
