@@ -151,6 +151,14 @@ def test_doctor_reports_what_keeps_fairq_from_running_well(dsn: str) -> None:
         ("oldest transaction", "tables", "privileges", "invariants"), "ok")
     assert found["autovacuum"][0] in ("ok", "warning")  # warning: a naptime over 10 s
 
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # A table of fairq's that autovacuum never visits, with 20,000 dead rows.
+        conn.execute("CREATE TABLE fairq.unvisited WITH (autovacuum_enabled = false)"
+                     " AS SELECT i FROM generate_series(1, 20000) i")
+        conn.execute("DELETE FROM fairq.unvisited")
+        eventually(lambda: conn.execute(
+            "SELECT n_dead_tup >= 20000 FROM pg_stat_all_tables"
+            " WHERE relid = 'fairq.unvisited'::regclass").fetchone() == (True,))
     with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as holder:
         holder_pid = holder.info.backend_pid
         holder.execute("SELECT txid_current()")  # an open transaction, left idle
@@ -171,6 +179,10 @@ def test_doctor_reports_what_keeps_fairq_from_running_well(dsn: str) -> None:
     assert found["privileges"] == (
         "problem", 'granted to PUBLIC: fairq."check"(), fairq.added(); revoke that, and give'
         " roles what they need with fairq.grant_producer, grant_worker or grant_observer")
+    assert found["table fairq.unvisited"] == (
+        "warning", "20,000 dead rows and never vacuumed: autovacuum is not keeping up (see"
+        " the oldest transaction, and docs/operations.md on table health)")
+    assert "tables" not in found
     assert found["invariant, channel tenant-a"] == (
         "problem", "in_flight is 2 but 1 messages are locked (max_concurrency 2)")
     # Without --invariants fairq.check() is not run; the default age spares a fresh

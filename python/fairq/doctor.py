@@ -28,9 +28,10 @@ __all__ = ["Finding", "Verdict", "diagnose"]
 #: per naptime, and dead entries of served messages and channels pile up in between.
 RECOMMENDED_NAPTIME = timedelta(seconds=10)
 
-#: A table whose dead rows outnumber this and whose last vacuum is older than
-#: STALE_VACUUM is one autovacuum does not keep up with (or cannot clean).
-DEAD_ROWS_WORTH_A_LOOK = 100_000
+#: A table with more dead rows than twice its autovacuum threshold, and this many at
+#: least, whose last vacuum is older than STALE_VACUUM is one autovacuum does not keep
+#: up with (or cannot clean).
+DEAD_ROWS_WORTH_A_LOOK = 10_000
 STALE_VACUUM = timedelta(minutes=10)
 
 
@@ -145,11 +146,27 @@ def _oldest_snapshot(conn: psycopg.Connection[Any], max_age: timedelta) -> list[
 
 
 def _tables(conn: psycopg.Connection[Any]) -> list[Finding]:
+    # A table's autovacuum threshold, from its own settings (docs/operations.md) or the
+    # server's: vacuum is due past it, so twice as many dead rows with no vacuum for
+    # STALE_VACUUM means it does not come, or cannot clean.
     rows = conn.execute(
-        "SELECT relname, n_dead_tup, clock_timestamp() - greatest(last_autovacuum, last_vacuum)"
-        "  FROM pg_stat_all_tables WHERE schemaname = 'fairq' AND n_dead_tup > %s"
-        "   AND coalesce(greatest(last_autovacuum, last_vacuum) < clock_timestamp() - %s, true)"
-        " ORDER BY n_dead_tup DESC", [DEAD_ROWS_WORTH_A_LOOK, STALE_VACUUM]).fetchall()
+        "WITH t AS ("
+        " SELECT s.relname, s.n_dead_tup,"
+        "        clock_timestamp() - greatest(s.last_autovacuum, s.last_vacuum) AS since,"
+        "        coalesce(o.threshold, current_setting('autovacuum_vacuum_threshold')::float8)"
+        "        + coalesce(o.scale, current_setting('autovacuum_vacuum_scale_factor')::float8)"
+        "          * greatest(c.reltuples, 0) AS due_at"
+        "   FROM pg_stat_all_tables s JOIN pg_class c ON c.oid = s.relid"
+        "  CROSS JOIN LATERAL (SELECT"
+        "        max(option_value::float8) FILTER"
+        "            (WHERE option_name = 'autovacuum_vacuum_threshold') AS threshold,"
+        "        max(option_value::float8) FILTER"
+        "            (WHERE option_name = 'autovacuum_vacuum_scale_factor') AS scale"
+        "        FROM pg_options_to_table(c.reloptions)) o"
+        "  WHERE s.schemaname = 'fairq')"
+        " SELECT relname, n_dead_tup, since FROM t"
+        "  WHERE n_dead_tup > greatest(2 * due_at, %s) AND coalesce(since > %s, true)"
+        "  ORDER BY n_dead_tup DESC", [DEAD_ROWS_WORTH_A_LOOK, STALE_VACUUM]).fetchall()
     return [Finding(f"table fairq.{name}", Verdict.WARNING,
                     f"{dead:,} dead rows and " + ("never vacuumed" if since is None
                                                   else f"last vacuumed {_duration(since)} ago")
