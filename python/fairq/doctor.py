@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from fairq import __version__
-from fairq.install import installed_version
+from fairq.install import extension_version, installed_version
 
 __all__ = ["Finding", "Verdict", "diagnose"]
 
@@ -55,10 +55,10 @@ def _version_key(version: str) -> tuple[int, ...] | None:
 
 
 def _version(conn: psycopg.Connection[Any]) -> Finding:
-    row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'fairq'").fetchone()
+    extension = extension_version(conn)
     try:
-        how, version = ("extension", str(row[0])) if row else ("plain install",
-                                                               installed_version(conn))
+        how, version = ("extension", extension) if extension else ("plain install",
+                                                                   installed_version(conn))
     except psycopg.errors.InsufficientPrivilege:
         return Finding("version", Verdict.PROBLEM,
                        "this role may not read schema fairq: run the doctor as its owner, or"

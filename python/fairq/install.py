@@ -19,7 +19,8 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["InstallError", "Scripts", "install", "installed_version", "upgrade"]
+__all__ = ["InstallError", "Scripts", "extension_version", "install", "installed_version",
+           "upgrade"]
 
 _GUARD = re.compile(r"^\\echo .*\\quit\s*$", re.MULTILINE)
 _UPGRADE = re.compile(r"^fairq--(?P<source>[^-]+)--(?P<target>[^-]+)\.sql$")
@@ -89,7 +90,8 @@ def _run_script(conn: Connection, path: Path) -> None:
     conn.execute(sql.encode())
 
 
-def _extension_version(conn: Connection) -> str | None:
+def extension_version(conn: Connection) -> str | None:
+    """The version of the fairq extension in this database, or None."""
     row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'fairq'").fetchone()
     return None if row is None else str(row[0])
 
@@ -104,7 +106,7 @@ def installed_version(conn: Connection) -> str | None:
 
 
 def _refuse_extension(conn: Connection) -> None:
-    extension = _extension_version(conn)
+    extension = extension_version(conn)
     if extension is not None:
         raise InstallError(f"this database has the fairq extension (version {extension}) "
                            "installed; upgrade it with ALTER EXTENSION fairq UPDATE")

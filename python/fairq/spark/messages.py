@@ -87,6 +87,7 @@ class Tally:
         return Tally(self.created + other.created, self.duplicate + other.duplicate,
                      self.dropped + other.dropped, self.invalid + other.invalid)
 
+
 #: The columns of :func:`project`'s rows, in order.
 MESSAGE_COLUMNS = ("channel", "content", "dequeue_at_us", "priority", "dedup_key")
 
