@@ -253,6 +253,7 @@ DECLARE
     v_visited bigint[] := '{}';
     v_turn_seqs bigint[];
     v_pos integer;
+    v_handed_out integer;  -- by a statement that locked one channel's head
     v_count integer := 0;
     v_holds_locks boolean := false;
     v_clock_fresh boolean := false;  -- v_now was read after the last pick that found something
@@ -397,35 +398,57 @@ BEGIN
         IF v_attempts_capped THEN
             PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
         END IF;
-        SELECT coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.channel_id), '{}'),
-               coalesce(array_agg(x.name), '{}'), coalesce(array_agg(x.turn_seq), '{}')
-          INTO v_ids, v_served, v_served_names, v_served_seqs
-          FROM (SELECT h.id, p.channel_id, p.name, p.turn_seq
-                  FROM unnest(v_picked, v_picked_names, v_turn_seqs)
-                       WITH ORDINALITY AS p(channel_id, name, turn_seq, pos)
-                 CROSS JOIN LATERAL (
-                       SELECT m.id FROM fairq.message m
-                        WHERE m.channel_id = p.channel_id AND m.status = 'ready'
-                        ORDER BY m.priority DESC, m.dequeue_at, m.id
-                        LIMIT 1
-                          FOR UPDATE SKIP LOCKED) h
-                 ORDER BY p.pos) x;
-        -- The heads are locked: they are handed out, in pick order. (Joined to their
-        -- positions, not looked up in the arrays: array_position per row made a call of
-        -- n messages cost n² comparisons.)
-        RETURN QUERY
-            WITH locked AS (
+        -- Each picked channel's best ready message is locked and handed out, in pick
+        -- order. One channel (a single dequeue, or a round of one) takes one statement:
+        -- the two below, with their arrays, joins and sort, cost a tenth of a
+        -- one-message dequeue more.
+        IF cardinality(v_picked) = 1 THEN
+            RETURN QUERY
                 UPDATE fairq.message m
                    SET status = 'locked', locked_until = v_now + v_lock,
                        num_attempts = m.num_attempts + 1,
                        first_dequeued_at = coalesce(m.first_dequeued_at, v_now)
-                 WHERE m.id = ANY (v_ids)
-                RETURNING m.id, m.content, m.state, m.num_attempts, m.priority, m.dequeue_at, m.recovered
-            )
-            SELECT l.id, s.name, l.content, l.state, l.num_attempts, l.priority, l.dequeue_at, l.recovered
-              FROM locked l
-              JOIN unnest(v_ids, v_served_names) WITH ORDINALITY AS s(id, name, pos) ON s.id = l.id
-             ORDER BY s.pos;
+                 WHERE m.id = (SELECT s.id FROM fairq.message s
+                                WHERE s.channel_id = v_picked[1] AND s.status = 'ready'
+                                ORDER BY s.priority DESC, s.dequeue_at, s.id
+                                LIMIT 1
+                                  FOR UPDATE SKIP LOCKED)
+                RETURNING m.id, v_picked_names[1], m.content, m.state, m.num_attempts, m.priority,
+                          m.dequeue_at, m.recovered;
+            GET DIAGNOSTICS v_handed_out = ROW_COUNT;
+            v_served := v_picked[1 : v_handed_out];
+            v_served_names := v_picked_names[1 : v_handed_out];
+            v_served_seqs := v_turn_seqs[1 : v_handed_out];
+        ELSE
+            SELECT coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.channel_id), '{}'),
+                   coalesce(array_agg(x.name), '{}'), coalesce(array_agg(x.turn_seq), '{}')
+              INTO v_ids, v_served, v_served_names, v_served_seqs
+              FROM (SELECT h.id, p.channel_id, p.name, p.turn_seq
+                      FROM unnest(v_picked, v_picked_names, v_turn_seqs)
+                           WITH ORDINALITY AS p(channel_id, name, turn_seq, pos)
+                     CROSS JOIN LATERAL (
+                           SELECT m.id FROM fairq.message m
+                            WHERE m.channel_id = p.channel_id AND m.status = 'ready'
+                            ORDER BY m.priority DESC, m.dequeue_at, m.id
+                            LIMIT 1
+                              FOR UPDATE SKIP LOCKED) h
+                     ORDER BY p.pos) x;
+            -- (Joined to their positions, not looked up in the arrays: array_position per
+            -- row made a call of n messages cost n² comparisons.)
+            RETURN QUERY
+                WITH locked AS (
+                    UPDATE fairq.message m
+                       SET status = 'locked', locked_until = v_now + v_lock,
+                           num_attempts = m.num_attempts + 1,
+                           first_dequeued_at = coalesce(m.first_dequeued_at, v_now)
+                     WHERE m.id = ANY (v_ids)
+                    RETURNING m.id, m.content, m.state, m.num_attempts, m.priority, m.dequeue_at, m.recovered
+                )
+                SELECT l.id, s.name, l.content, l.state, l.num_attempts, l.priority, l.dequeue_at, l.recovered
+                  FROM locked l
+                  JOIN unnest(v_ids, v_served_names) WITH ORDINALITY AS s(id, name, pos) ON s.id = l.id
+                 ORDER BY s.pos;
+        END IF;
 
         -- Step 4. Every served channel is written once (turns.sql: fairq.served_turn_at),
         -- with the due time of its next pending message; those with nothing more due now
@@ -485,7 +508,7 @@ BEGIN
                 v_visited := v_visited || v_picked[v_pos];
             END LOOP;
         END IF;
-        v_count := v_count + cardinality(v_ids);
+        v_count := v_count + cardinality(v_served);
         v_first_id := NULL;
     END LOOP;
     -- The collector's turn, if nobody ran it in the last second (its row is taken
