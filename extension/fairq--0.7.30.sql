@@ -25,8 +25,9 @@
 --     turns.sql for the whole rule);
 --   * channel.idle_since is NULL exactly when due_at is not: since when the channel
 --     has had nothing pending;
---   * channel_size exists exactly for channels with a max_size and counts all their
---     messages, in flight included.
+--   * channel_size exists exactly for channels with a max_size; its size plus its
+--     channel's rows in channel_size_change counts all their messages, in flight
+--     included; channel_size_change has rows only for such channels.
 -- Messages move scheduled -> ready -> locked -> (deleted | ready | scheduled).
 -- Only 'ready' messages are ordered by priority; a 'scheduled' message becomes
 -- 'ready' in the dequeue that finds it due, so no daemon is needed.
@@ -124,6 +125,17 @@ CREATE TABLE fairq.channel_size (
     size       integer NOT NULL
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 
+-- What left a bounded channel (or came back to it) outside its producers' lock:
+-- completions, failures, cancels, burials and retries insert their change here
+-- instead of updating channel_size, whose row a producer holds until it commits, so
+-- an open producer transaction never makes them wait. The next producer of the
+-- channel folds the changes into channel_size under that lock.
+CREATE TABLE fairq.channel_size_change (
+    channel_id bigint  NOT NULL,
+    delta      integer NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+CREATE INDEX channel_size_change_channel_ix ON fairq.channel_size_change (channel_id);
+
 CREATE TABLE fairq.message (
     id                bigint               NOT NULL DEFAULT nextval('fairq.message_id_seq') PRIMARY KEY,
     channel_id        bigint               NOT NULL,
@@ -203,6 +215,7 @@ BEGIN
         PERFORM pg_catalog.pg_extension_config_dump('fairq.queue', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_size', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_size_change', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_wake', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.message', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.dead_letter', '');
@@ -226,7 +239,9 @@ COMMENT ON TABLE fairq.channel_wake IS
 COMMENT ON TABLE fairq.channel_collection IS
     'When idle channels (no policy, nothing in them) were last collected; dequeues collect them once a second.';
 COMMENT ON TABLE fairq.channel_size IS
-    'Message count of each channel that has a max_size, in flight included.';
+    'Message count of each channel that has a max_size, in flight included, as its producers last left it (plus the rows of fairq.channel_size_change).';
+COMMENT ON TABLE fairq.channel_size_change IS
+    'Changes to the message count of bounded channels made outside their producers'' lock (settlements, cancels, retries), not yet folded into fairq.channel_size.';
 COMMENT ON TABLE fairq.message IS
     'Every message not yet completed, cancelled or dead: scheduled, ready or locked (in flight).';
 COMMENT ON TABLE fairq.dead_letter IS
@@ -644,13 +659,13 @@ $$;
 --   * lock order, everywhere: a message row, then the channel's advisory locks
 --     (producer lock, then its creation lock, then its queue's bulk producer lock,
 --     then policy lock, then its
---     queue's bulk policy lock), then its channel row, then its channel_size row;
+--     queue's bulk policy lock), then its channel row, then (a producer of a bounded
+--     channel) its channel_size row;
 --     several channels by channel id, several queues by queue id. A transaction that
 --     went bulk for a kind of lock takes no channel's lock of that kind after that.
 --     The dequeue takes channel rows only with SKIP LOCKED, or by waiting while it
 --     holds no other lock, and advisory locks only by trying, so fairq calls do not
---     wait for one another in a cycle (a dequeue that buries a message may still wait
---     for a bounded channel's size row). A worker's transaction may still complete
+--     wait for one another in a cycle. A worker's transaction may still complete
 --     (policy lock) and then produce (producer lock) on one channel, against that
 --     order: the policy calls, the only ones that take both kinds exclusively, wait
 --     for the second kind briefly and then let go and take them the other way round
@@ -2205,9 +2220,12 @@ END
 $$;
 
 -- Keeps channel_size right for a bounded channel: p_delta messages more or fewer.
--- With p_enforce, admits only what fits under max_size and returns how many of
--- p_delta (> 0) were admitted; without it (removals, operator retries) the count
--- just moves. The caller holds the channel row (lock order: channel, then size).
+-- With p_enforce (a producer, holding the channel's producer lock), admits only what
+-- fits under max_size and returns how many of p_delta (> 0) were admitted, under the
+-- channel_size row's lock (held to commit: producers of a channel queue there).
+-- Without it (removals, operator retries) the change is recorded in
+-- channel_size_change, which waits for nobody: a settlement never waits for an open
+-- producer transaction.
 -- (SQL, inlined into its callers: an unbounded channel, the common case, costs no
 -- call.)
 CREATE FUNCTION fairq.channel_resize(p_channel fairq.channel, p_delta integer, p_enforce boolean)
@@ -2225,14 +2243,25 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_size integer;
-    v_admitted integer := p_delta;
+    v_changes integer;  -- rows of channel_size_change folded in
+    v_admitted integer;
 BEGIN
-    IF p_enforce THEN
-        SELECT size INTO v_size FROM fairq.channel_size WHERE channel_id = p_channel.id FOR UPDATE;
-        v_admitted := LEAST(p_delta, GREATEST(0, p_channel.max_size - v_size));
+    IF NOT p_enforce THEN
+        IF p_delta <> 0 THEN
+            INSERT INTO fairq.channel_size_change (channel_id, delta) VALUES (p_channel.id, p_delta);
+        END IF;
+        RETURN p_delta;
     END IF;
-    IF v_admitted <> 0 THEN
-        UPDATE fairq.channel_size SET size = size + v_admitted WHERE channel_id = p_channel.id;
+    SELECT size INTO v_size FROM fairq.channel_size WHERE channel_id = p_channel.id FOR UPDATE;
+    -- (After the lock: a snapshot taken before a wait for another producer would miss
+    -- the changes it folded, and fold them twice.)
+    WITH folded AS (
+        DELETE FROM fairq.channel_size_change d WHERE d.channel_id = p_channel.id RETURNING d.delta
+    )
+    SELECT v_size + coalesce(sum(f.delta), 0), count(*) INTO v_size, v_changes FROM folded f;
+    v_admitted := LEAST(p_delta, GREATEST(0, p_channel.max_size - v_size));
+    IF v_admitted <> 0 OR v_changes > 0 THEN
+        UPDATE fairq.channel_size SET size = v_size + v_admitted WHERE channel_id = p_channel.id;
     END IF;
     RETURN v_admitted;
 END
@@ -2353,6 +2382,7 @@ BEGIN
 
     IF p_max_size IS NULL THEN
         DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
+        DELETE FROM fairq.channel_size_change WHERE channel_id = v_channel.id;
     ELSE
         INSERT INTO fairq.channel_size (channel_id, size)
         SELECT v_channel.id, count(*) FROM fairq.message WHERE channel_id = v_channel.id
@@ -2385,6 +2415,7 @@ BEGIN
     END IF;
     v_channel := fairq.channel_for_policy(v_queue_id, p_channel);
     DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
+    DELETE FROM fairq.channel_size_change WHERE channel_id = v_channel.id;
     UPDATE fairq.channel
        SET has_policy = false, max_concurrency = NULL, release_interval_ms = 0,
            max_size = NULL, max_attempts = NULL, in_flight = 0, weight = 1, paused_until = NULL
@@ -3388,8 +3419,11 @@ COMMENT ON FUNCTION fairq.message_dequeue(bigint, integer, text) IS
 --     policy lock (shared; past fairq.bulk_channels() channels in a transaction,
 --     its queue's bulk policy lock): a channel left empty stays, idle, for
 --     the collector;
---   * lock order: the message (the fenced UPDATE/DELETE), then its channel, then its
---     channel_size row. Batches lock all their messages first, in id order.
+--   * lock order: the message (the fenced UPDATE/DELETE), then its channel. A
+--     bounded channel's count changes by a row of channel_size_change, never by its
+--     channel_size row, which its producers hold until they commit: no settlement
+--     waits for an open producer transaction. Batches lock all their messages first,
+--     in id order.
 
 -- 'stale' when the message exists (in another state or attempt), else 'not_found'.
 CREATE FUNCTION fairq.miss(p_id bigint, p_if_exists text) RETURNS text
@@ -3493,12 +3527,14 @@ BEGIN
     IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_locked)) THEN
         PERFORM fairq.fold_wakes(v_locked);
     END IF;
+    -- The bounded channels' counts (fairq.bounded_channel_resize: never waiting).
     IF EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL) THEN
-        PERFORM 1 FROM fairq.channel_size s WHERE s.channel_id = ANY (v_channel_ids)
-         ORDER BY s.channel_id FOR UPDATE;
-        UPDATE fairq.channel_size s SET size = s.size - g.n
-          FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) g
-         WHERE s.channel_id = ANY (v_channel_ids) AND s.channel_id = g.channel_id;
+        INSERT INTO fairq.channel_size_change (channel_id, delta)
+        SELECT d.channel_id, -count(*)::integer
+          FROM unnest(v_done) AS d
+         WHERE d.channel_id IN (SELECT c.id FROM fairq.channel c
+                                 WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL)
+         GROUP BY d.channel_id;
     END IF;
     PERFORM fairq.record_history(d, c.name, 'completed', v_now)
        FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
@@ -3952,7 +3988,9 @@ AS $$
                coalesce(h.messages, 0) AS messages,
                coalesce(h.lock_mismatch, 0) AS lock_mismatch,
                h.earliest_due,
-               s.size AS counted_size,
+               s.size + coalesce((SELECT sum(x.delta) FROM fairq.channel_size_change x
+                                   WHERE x.channel_id = c.id), 0) AS counted_size,
+               EXISTS (SELECT 1 FROM fairq.channel_size_change x WHERE x.channel_id = c.id) AS size_changed,
                -- a queued wake (fairq.channels_wake) stands for due_at until applied
                LEAST(c.due_at, w.due_at) AS due_or_waking,
                (SELECT clock_timestamp() + shift FROM fairq.clock_offset) AS now
@@ -3997,7 +4035,9 @@ AS $$
         (CASE WHEN t.max_size IS NOT NULL AND t.counted_size IS DISTINCT FROM t.messages
               THEN format('channel_size says %s but the channel holds %s messages', t.counted_size, t.messages) END),
         (CASE WHEN t.max_size IS NULL AND t.counted_size IS NOT NULL
-              THEN 'channel_size row for a channel without max_size' END)
+              THEN 'channel_size row for a channel without max_size' END),
+        (CASE WHEN t.max_size IS NULL AND t.size_changed
+              THEN 'channel_size_change rows for a channel without max_size' END)
      ) AS p(problem)
      WHERE p.problem IS NOT NULL
     UNION ALL
@@ -4022,6 +4062,11 @@ AS $$
     SELECT NULL, format('%s messages belong to no channel', count(*))
       FROM fairq.message m
      WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = m.channel_id)
+    HAVING count(*) > 0
+    UNION ALL
+    SELECT NULL, format('%s channel_size_change rows belong to no channel', count(*))
+      FROM fairq.channel_size_change x
+     WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = x.channel_id)
     HAVING count(*) > 0
 $$;
 

@@ -574,9 +574,12 @@ END
 $$;
 
 -- Keeps channel_size right for a bounded channel: p_delta messages more or fewer.
--- With p_enforce, admits only what fits under max_size and returns how many of
--- p_delta (> 0) were admitted; without it (removals, operator retries) the count
--- just moves. The caller holds the channel row (lock order: channel, then size).
+-- With p_enforce (a producer, holding the channel's producer lock), admits only what
+-- fits under max_size and returns how many of p_delta (> 0) were admitted, under the
+-- channel_size row's lock (held to commit: producers of a channel queue there).
+-- Without it (removals, operator retries) the change is recorded in
+-- channel_size_change, which waits for nobody: a settlement never waits for an open
+-- producer transaction.
 -- (SQL, inlined into its callers: an unbounded channel, the common case, costs no
 -- call.)
 CREATE FUNCTION fairq.channel_resize(p_channel fairq.channel, p_delta integer, p_enforce boolean)
@@ -594,14 +597,25 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_size integer;
-    v_admitted integer := p_delta;
+    v_changes integer;  -- rows of channel_size_change folded in
+    v_admitted integer;
 BEGIN
-    IF p_enforce THEN
-        SELECT size INTO v_size FROM fairq.channel_size WHERE channel_id = p_channel.id FOR UPDATE;
-        v_admitted := LEAST(p_delta, GREATEST(0, p_channel.max_size - v_size));
+    IF NOT p_enforce THEN
+        IF p_delta <> 0 THEN
+            INSERT INTO fairq.channel_size_change (channel_id, delta) VALUES (p_channel.id, p_delta);
+        END IF;
+        RETURN p_delta;
     END IF;
-    IF v_admitted <> 0 THEN
-        UPDATE fairq.channel_size SET size = size + v_admitted WHERE channel_id = p_channel.id;
+    SELECT size INTO v_size FROM fairq.channel_size WHERE channel_id = p_channel.id FOR UPDATE;
+    -- (After the lock: a snapshot taken before a wait for another producer would miss
+    -- the changes it folded, and fold them twice.)
+    WITH folded AS (
+        DELETE FROM fairq.channel_size_change d WHERE d.channel_id = p_channel.id RETURNING d.delta
+    )
+    SELECT v_size + coalesce(sum(f.delta), 0), count(*) INTO v_size, v_changes FROM folded f;
+    v_admitted := LEAST(p_delta, GREATEST(0, p_channel.max_size - v_size));
+    IF v_admitted <> 0 OR v_changes > 0 THEN
+        UPDATE fairq.channel_size SET size = v_size + v_admitted WHERE channel_id = p_channel.id;
     END IF;
     RETURN v_admitted;
 END
@@ -722,6 +736,7 @@ BEGIN
 
     IF p_max_size IS NULL THEN
         DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
+        DELETE FROM fairq.channel_size_change WHERE channel_id = v_channel.id;
     ELSE
         INSERT INTO fairq.channel_size (channel_id, size)
         SELECT v_channel.id, count(*) FROM fairq.message WHERE channel_id = v_channel.id
@@ -754,6 +769,7 @@ BEGIN
     END IF;
     v_channel := fairq.channel_for_policy(v_queue_id, p_channel);
     DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
+    DELETE FROM fairq.channel_size_change WHERE channel_id = v_channel.id;
     UPDATE fairq.channel
        SET has_policy = false, max_concurrency = NULL, release_interval_ms = 0,
            max_size = NULL, max_attempts = NULL, in_flight = 0, weight = 1, paused_until = NULL

@@ -4,13 +4,13 @@
 --   * lock order, everywhere: a message row, then the channel's advisory locks
 --     (producer lock, then its creation lock, then its queue's bulk producer lock,
 --     then policy lock, then its
---     queue's bulk policy lock), then its channel row, then its channel_size row;
+--     queue's bulk policy lock), then its channel row, then (a producer of a bounded
+--     channel) its channel_size row;
 --     several channels by channel id, several queues by queue id. A transaction that
 --     went bulk for a kind of lock takes no channel's lock of that kind after that.
 --     The dequeue takes channel rows only with SKIP LOCKED, or by waiting while it
 --     holds no other lock, and advisory locks only by trying, so fairq calls do not
---     wait for one another in a cycle (a dequeue that buries a message may still wait
---     for a bounded channel's size row). A worker's transaction may still complete
+--     wait for one another in a cycle. A worker's transaction may still complete
 --     (policy lock) and then produce (producer lock) on one channel, against that
 --     order: the policy calls, the only ones that take both kinds exclusively, wait
 --     for the second kind briefly and then let go and take them the other way round

@@ -125,7 +125,9 @@ AS $$
                coalesce(h.messages, 0) AS messages,
                coalesce(h.lock_mismatch, 0) AS lock_mismatch,
                h.earliest_due,
-               s.size AS counted_size,
+               s.size + coalesce((SELECT sum(x.delta) FROM fairq.channel_size_change x
+                                   WHERE x.channel_id = c.id), 0) AS counted_size,
+               EXISTS (SELECT 1 FROM fairq.channel_size_change x WHERE x.channel_id = c.id) AS size_changed,
                -- a queued wake (fairq.channels_wake) stands for due_at until applied
                LEAST(c.due_at, w.due_at) AS due_or_waking,
                (SELECT clock_timestamp() + shift FROM fairq.clock_offset) AS now
@@ -170,7 +172,9 @@ AS $$
         (CASE WHEN t.max_size IS NOT NULL AND t.counted_size IS DISTINCT FROM t.messages
               THEN format('channel_size says %s but the channel holds %s messages', t.counted_size, t.messages) END),
         (CASE WHEN t.max_size IS NULL AND t.counted_size IS NOT NULL
-              THEN 'channel_size row for a channel without max_size' END)
+              THEN 'channel_size row for a channel without max_size' END),
+        (CASE WHEN t.max_size IS NULL AND t.size_changed
+              THEN 'channel_size_change rows for a channel without max_size' END)
      ) AS p(problem)
      WHERE p.problem IS NOT NULL
     UNION ALL
@@ -195,6 +199,11 @@ AS $$
     SELECT NULL, format('%s messages belong to no channel', count(*))
       FROM fairq.message m
      WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = m.channel_id)
+    HAVING count(*) > 0
+    UNION ALL
+    SELECT NULL, format('%s channel_size_change rows belong to no channel', count(*))
+      FROM fairq.channel_size_change x
+     WHERE NOT EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = x.channel_id)
     HAVING count(*) > 0
 $$;
 

@@ -11,8 +11,11 @@
 --     policy lock (shared; past fairq.bulk_channels() channels in a transaction,
 --     its queue's bulk policy lock): a channel left empty stays, idle, for
 --     the collector;
---   * lock order: the message (the fenced UPDATE/DELETE), then its channel, then its
---     channel_size row. Batches lock all their messages first, in id order.
+--   * lock order: the message (the fenced UPDATE/DELETE), then its channel. A
+--     bounded channel's count changes by a row of channel_size_change, never by its
+--     channel_size row, which its producers hold until they commit: no settlement
+--     waits for an open producer transaction. Batches lock all their messages first,
+--     in id order.
 
 -- 'stale' when the message exists (in another state or attempt), else 'not_found'.
 CREATE FUNCTION fairq.miss(p_id bigint, p_if_exists text) RETURNS text
@@ -116,12 +119,14 @@ BEGIN
     IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_locked)) THEN
         PERFORM fairq.fold_wakes(v_locked);
     END IF;
+    -- The bounded channels' counts (fairq.bounded_channel_resize: never waiting).
     IF EXISTS (SELECT 1 FROM fairq.channel c WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL) THEN
-        PERFORM 1 FROM fairq.channel_size s WHERE s.channel_id = ANY (v_channel_ids)
-         ORDER BY s.channel_id FOR UPDATE;
-        UPDATE fairq.channel_size s SET size = s.size - g.n
-          FROM (SELECT d.channel_id, count(*)::integer AS n FROM unnest(v_done) AS d GROUP BY 1) g
-         WHERE s.channel_id = ANY (v_channel_ids) AND s.channel_id = g.channel_id;
+        INSERT INTO fairq.channel_size_change (channel_id, delta)
+        SELECT d.channel_id, -count(*)::integer
+          FROM unnest(v_done) AS d
+         WHERE d.channel_id IN (SELECT c.id FROM fairq.channel c
+                                 WHERE c.id = ANY (v_channel_ids) AND c.max_size IS NOT NULL)
+         GROUP BY d.channel_id;
     END IF;
     PERFORM fairq.record_history(d, c.name, 'completed', v_now)
        FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id

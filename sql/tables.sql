@@ -20,8 +20,9 @@
 --     turns.sql for the whole rule);
 --   * channel.idle_since is NULL exactly when due_at is not: since when the channel
 --     has had nothing pending;
---   * channel_size exists exactly for channels with a max_size and counts all their
---     messages, in flight included.
+--   * channel_size exists exactly for channels with a max_size; its size plus its
+--     channel's rows in channel_size_change counts all their messages, in flight
+--     included; channel_size_change has rows only for such channels.
 -- Messages move scheduled -> ready -> locked -> (deleted | ready | scheduled).
 -- Only 'ready' messages are ordered by priority; a 'scheduled' message becomes
 -- 'ready' in the dequeue that finds it due, so no daemon is needed.
@@ -119,6 +120,17 @@ CREATE TABLE fairq.channel_size (
     size       integer NOT NULL
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 
+-- What left a bounded channel (or came back to it) outside its producers' lock:
+-- completions, failures, cancels, burials and retries insert their change here
+-- instead of updating channel_size, whose row a producer holds until it commits, so
+-- an open producer transaction never makes them wait. The next producer of the
+-- channel folds the changes into channel_size under that lock.
+CREATE TABLE fairq.channel_size_change (
+    channel_id bigint  NOT NULL,
+    delta      integer NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+CREATE INDEX channel_size_change_channel_ix ON fairq.channel_size_change (channel_id);
+
 CREATE TABLE fairq.message (
     id                bigint               NOT NULL DEFAULT nextval('fairq.message_id_seq') PRIMARY KEY,
     channel_id        bigint               NOT NULL,
@@ -198,6 +210,7 @@ BEGIN
         PERFORM pg_catalog.pg_extension_config_dump('fairq.queue', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_size', '');
+        PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_size_change', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.channel_wake', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.message', '');
         PERFORM pg_catalog.pg_extension_config_dump('fairq.dead_letter', '');
@@ -221,7 +234,9 @@ COMMENT ON TABLE fairq.channel_wake IS
 COMMENT ON TABLE fairq.channel_collection IS
     'When idle channels (no policy, nothing in them) were last collected; dequeues collect them once a second.';
 COMMENT ON TABLE fairq.channel_size IS
-    'Message count of each channel that has a max_size, in flight included.';
+    'Message count of each channel that has a max_size, in flight included, as its producers last left it (plus the rows of fairq.channel_size_change).';
+COMMENT ON TABLE fairq.channel_size_change IS
+    'Changes to the message count of bounded channels made outside their producers'' lock (settlements, cancels, retries), not yet folded into fairq.channel_size.';
 COMMENT ON TABLE fairq.message IS
     'Every message not yet completed, cancelled or dead: scheduled, ready or locked (in flight).';
 COMMENT ON TABLE fairq.dead_letter IS

@@ -40,3 +40,26 @@ def test_a_capped_channels_slot_count_that_drifts_is_reported(conn: Conn) -> Non
     conn.execute("UPDATE fairq.channel SET in_flight = 2 WHERE name = 'tenant-a'")
     assert problems(conn) == [(
         "tenant-a", "in_flight is 2 but 1 messages are locked (max_concurrency 2)")]
+
+
+def test_a_bounded_channels_count_is_its_row_and_its_changes(conn: Conn) -> None:
+    """A bounded channel's count is its channel_size row plus the changes that
+    settlements recorded and no producer has folded in yet (0.7.30): check() counts
+    both, and reports a change recorded for a channel without max_size, or for none."""
+    conn.execute("SELECT fairq.channel_set('tenant-a', p_max_size => 5)")
+    for _ in range(3):
+        create(conn, "tenant-a")
+    (held,) = dequeue(conn)
+    assert call(conn, "message_complete", held.id, held.num_attempts) == "completed"
+    assert conn.execute("SELECT size FROM fairq.channel_size").fetchone() == (3,)
+    assert problems(conn) == []  # 3 - 1 recorded apart: 2, as many as it holds
+    conn.execute("INSERT INTO fairq.channel_size_change SELECT channel_id, -1 FROM fairq.channel_size")
+    assert problems(conn) == [("tenant-a", "channel_size says 1 but the channel holds 2 messages")]
+    conn.execute("DELETE FROM fairq.channel_size_change WHERE delta = -1 AND ctid = "
+                 "(SELECT max(ctid) FROM fairq.channel_size_change)")
+    create(conn, "tenant-b")
+    conn.execute("INSERT INTO fairq.channel_size_change SELECT id, 1 FROM fairq.channel WHERE name = 'tenant-b'")
+    conn.execute("INSERT INTO fairq.channel_size_change VALUES (-42, 1)")
+    assert sorted(problems(conn), key=str) == sorted([
+        ("tenant-b", "channel_size_change rows for a channel without max_size"),
+        (None, "1 channel_size_change rows belong to no channel")], key=str)

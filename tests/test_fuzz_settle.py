@@ -131,7 +131,8 @@ def test_fuzzed_settlement_gives_a_result_or_a_documented_error(
     limited in attempts), ready and scheduled messages: any arguments give a result,
     22004/22023 naming a parameter, or 22003 when a value does not fit bigint (the
     cast fails before fairq is called). Afterwards fairq.check() is empty."""
-    conn.execute("TRUNCATE fairq.channel, fairq.channel_size, fairq.channel_wake, fairq.message, fairq.dead_letter,"
+    conn.execute("TRUNCATE fairq.channel, fairq.channel_size, fairq.channel_size_change, fairq.channel_wake,"
+                 " fairq.message, fairq.dead_letter,"
                  " fairq.message_history;"
                  " SELECT setval('fairq.message_id_seq', 1, false); SET fairq.history = on")
     conn.execute("SELECT fairq.channel_set('b', 1, 0, 3, 2)")

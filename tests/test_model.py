@@ -59,8 +59,8 @@ FENCE = st.sampled_from([0, 0, 0, 1, -1])  # num_attempts offset: nonzero gives 
 OPTIONAL_LIMIT = st.sampled_from([None, None, 1, 2, 3])
 
 RESET = """
-TRUNCATE fairq.message, fairq.channel, fairq.channel_size, fairq.channel_wake, fairq.dead_letter,
-         fairq.message_history, fairq.queue;
+TRUNCATE fairq.message, fairq.channel, fairq.channel_size, fairq.channel_size_change, fairq.channel_wake,
+         fairq.dead_letter, fairq.message_history, fairq.queue;
 SELECT setval('fairq.message_id_seq', 1, false), setval('fairq.channel_id_seq', 1, false),
        setval('fairq.turn_seq', 1, false), setval('fairq.queue_id_seq', 1, false);
 SELECT fairq.clock_travel(0);
@@ -87,7 +87,9 @@ DB_SNAPSHOT = {
               " WHERE c.turn_at = '-infinity'",
     "turn_order": "SELECT q.name, c.name FROM fairq.channel c JOIN fairq.queue q ON q.id = c.queue_id"
                   " WHERE turn_at IS NOT NULL ORDER BY q.name, turn_at, turn_pass, turn_seq",
-    "sizes": "SELECT q.name, c.name, s.size FROM fairq.channel_size s"
+    # (A bounded channel's count: its row plus the changes no producer has folded yet.)
+    "sizes": "SELECT q.name, c.name, s.size + coalesce((SELECT sum(x.delta) FROM fairq.channel_size_change x"
+             " WHERE x.channel_id = s.channel_id), 0) FROM fairq.channel_size s"
              " LEFT JOIN fairq.channel c ON c.id = s.channel_id"
              " LEFT JOIN fairq.queue q ON q.id = c.queue_id",
     "dead": "SELECT id, queue, channel, num_attempts, state, error FROM fairq.dead_letter",

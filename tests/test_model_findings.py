@@ -50,7 +50,8 @@ def test_one_dequeue_of_n_equals_n_single_dequeues_when_turns_tie(conn: Conn) ->
     and one scheduled at T. A dequeue serves c and retires a: both get a turn at T.
     Whichever way the dequeue is split, at T the channels must come in the same order."""
     def scenario(split: bool) -> list[str]:
-        conn.execute("TRUNCATE fairq.message, fairq.channel, fairq.channel_size, fairq.channel_wake,"
+        conn.execute("TRUNCATE fairq.message, fairq.channel, fairq.channel_size, fairq.channel_size_change,"
+                     " fairq.channel_wake,"
                      " fairq.dead_letter, fairq.message_history")
         travel(conn, 0)
         t = at(conn, 1)

@@ -18,8 +18,8 @@ from sqlq import Conn, create, dequeue_one
 
 NOT_NULL, INVALID = "22004", "22023"
 
-STATE_TABLES = ("fairq.channel", "fairq.channel_size", "fairq.channel_wake", "fairq.message",
-                "fairq.dead_letter", "fairq.message_history")
+STATE_TABLES = ("fairq.channel", "fairq.channel_size", "fairq.channel_size_change", "fairq.channel_wake",
+                "fairq.message", "fairq.dead_letter", "fairq.message_history")
 
 
 def state(conn: Conn) -> dict[str, list[str]]:

@@ -40,8 +40,8 @@ INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
 INT8_MIN, INT8_MAX = -(2**63), 2**63 - 1
 
 # Every table that holds queue state: a rejected call must leave all of them as they were.
-STATE_TABLES = ("fairq.channel", "fairq.channel_size", "fairq.message", "fairq.dead_letter",
-                "fairq.message_history", "fairq.clock_offset")
+STATE_TABLES = ("fairq.channel", "fairq.channel_size", "fairq.channel_size_change", "fairq.message",
+                "fairq.dead_letter", "fairq.message_history", "fairq.clock_offset")
 
 # Channel names of exactly 255 bytes (valid) and 256 bytes (invalid), with 1- to 4-byte
 # UTF-8 characters, so that the limit is checked in bytes, not characters.
@@ -638,7 +638,8 @@ def test_fuzzed_arguments_give_a_result_or_a_documented_error(
     Anything else (22008 datetime overflow, 54000 index row too big, XX000, 42xxx...)
     is a bug. Whatever happened, the queue's invariants still hold."""
     # Each example starts from an empty queue, so that it replays deterministically.
-    conn.execute("TRUNCATE fairq.channel, fairq.channel_size, fairq.channel_wake, fairq.message, fairq.dead_letter,"
+    conn.execute("TRUNCATE fairq.channel, fairq.channel_size, fairq.channel_size_change, fairq.channel_wake,"
+                 " fairq.message, fairq.dead_letter,"
                  " fairq.message_history")
     for fn, args in calls:
         sql, names, int_ranges, _ = FUZZED[fn]

@@ -442,13 +442,17 @@ def test_open_producer_transaction_hides_no_scheduled_message_that_came_due(
     assert problems(conn) == []
 
 
-@pytest.mark.parametrize("policy", [None, 2], ids=["uncapped", "capped"])
+POLICIES = {"uncapped": None, "capped": "p_max_concurrency => 2", "bounded": "p_max_size => 10"}
+
+
+@pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
 def test_open_producer_transaction_does_not_block_completions(
-        conn: Conn, other: Conn, dsn: str, policy: int | None) -> None:
+        conn: Conn, other: Conn, dsn: str, policy: str | None) -> None:
     """A tenant holding a long enqueue transaction must not freeze its channel's
-    completions until leases expire (0.5.0 made them wait for its commit)."""
+    completions until leases expire (0.5.0 made them wait for its commit; until
+    0.7.30, a channel with a max_size too)."""
     if policy is not None:
-        conn.execute("SELECT fairq.channel_set('p', p_max_concurrency => %s)", (policy,))
+        conn.execute(f"SELECT fairq.channel_set('p', {policy})")
     create(conn, "p", b"in flight")
     held = dequeue_one(conn)
     assert held is not None  # p has nothing pending: the next message wakes it
@@ -458,6 +462,72 @@ def test_open_producer_transaction_does_not_block_completions(
         assert completion.finishes_without_waiting_for(other)
         assert completion.join() == "completed"
     assert [d.content for d in dequeue(conn, n=5)] == [b"uncommitted"]
+    assert problems(conn) == []
+
+
+# Each changes the count of a bounded channel: of the message in flight (d), or of a
+# pending one (pending: its id).
+SETTLEMENTS: dict[str, Callable[[Conn, Delivery, int], str]] = {
+    "complete": lambda c, d, pending: complete(c, d),
+    "complete_batch": lambda c, d, pending: str(
+        c.execute("SELECT status FROM fairq.message_complete_batch(%s, %s)",
+                  ([d.id], [d.num_attempts])).fetchone()[0]),  # type: ignore[index]
+    "fail": lambda c, d, pending: str(call(c, "message_fail", d.id, d.num_attempts, "boom")),
+    "cancel": lambda c, d, pending: str(call(c, "message_cancel", pending)),
+    "dead_letter_retry": lambda c, d, pending: str(call(c, "dead_letter_retry", d.id)),
+}
+
+
+@pytest.mark.parametrize("settlement", SETTLEMENTS)
+def test_a_bounded_channels_settlements_never_wait_for_an_open_producer(
+        conn: Conn, other: Conn, dsn: str, settlement: str) -> None:
+    """A producer of a channel with a max_size holds the channel's count (its
+    channel_size row) until it commits. Completions, failures, cancels and retries
+    change that count too; until 0.7.30 they waited for the producer's commit, and a
+    failure waited while holding the channel's row, so dequeues skipped the channel
+    and its committed, due work with it. They record their change apart, and the
+    next producer counts it: max_size still holds exactly."""
+    conn.execute("SELECT fairq.channel_set('p', p_max_size => 4)")
+    last = create_many(conn, ["p", "p", "p"])[-1][1]
+    assert last is not None
+    held = dequeue_one(conn)
+    assert held is not None
+    if settlement == "dead_letter_retry":
+        assert call(conn, "message_fail", held.id, held.num_attempts, "boom") == "dead"
+    with open_transaction(other):
+        assert create(other, "p", b"uncommitted")[1] == "created"  # 4 of 4
+        settling = Background(dsn, lambda c: SETTLEMENTS[settlement](c, held, last))
+        assert settling.finishes_without_waiting_for(other)
+        assert settling.join() in ("completed", "dead", "cancelled", "requeued")
+        # Committed work is handed out meanwhile (the settlement holds no row).
+        assert len(dequeue(conn)) == 1
+    assert problems(conn) == []
+    # The count is exact: as many are admitted as max_size leaves room for.
+    live = conn.execute("SELECT count(*) FROM fairq.message").fetchone()[0]  # type: ignore[index]
+    statuses = [create(conn, "p", b"more")[1] for _ in range(4)]
+    assert statuses == ["created"] * (4 - live) + ["dropped"] * live
+    assert problems(conn) == []
+
+
+def test_workers_that_complete_and_produce_across_bounded_channels_do_not_deadlock(
+        conn: Conn, other: Conn, dsn: str) -> None:
+    """Two workers each complete a message of one bounded tenant and enqueue a
+    follow-up for the other's, in one transaction. Until 0.7.30 the second
+    completion waited for the first worker's producer, whose transaction then waited
+    for the second's: PostgreSQL failed one of them as a deadlock."""
+    for channel in ("a", "b"):
+        conn.execute("SELECT fairq.channel_set(%s, p_max_size => 10)", (channel,))
+        create(conn, channel)
+    first, second = dequeue(conn, n=2)
+    assert {first.channel, second.channel} == {"a", "b"}
+    with open_transaction(other):
+        assert complete(other, first) == "completed"
+        create(other, second.channel, b"follow-up of " + first.channel.encode())
+        worker = Background(dsn, lambda c: (complete(c, second),
+                                            create(c, first.channel, b"follow-up")[1]))
+        assert worker.finishes_without_waiting_for(other)
+        assert worker.join() == ("completed", "created")
+    assert sorted(d.channel for d in dequeue(conn, n=5)) == ["a", "b"]
     assert problems(conn) == []
 
 

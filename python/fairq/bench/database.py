@@ -97,8 +97,8 @@ END;
 $$ LANGUAGE plpgsql;
 """
 
-FAIRQ_TABLES = ("fairq.message", "fairq.channel", "fairq.channel_size", "fairq.channel_wake",
-                "fairq.dead_letter", "fairq.message_history", "fairq.queue")
+FAIRQ_TABLES = ("fairq.message", "fairq.channel", "fairq.channel_size", "fairq.channel_size_change",
+                "fairq.channel_wake", "fairq.dead_letter", "fairq.message_history", "fairq.queue")
 
 
 def prepare_database(dsn: str) -> None:
