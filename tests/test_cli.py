@@ -79,12 +79,15 @@ def test_bench_demo_and_report_are_handed_their_own_command_line() -> None:
 
 SECRET = "Hunter2"
 MALFORMED_DSNS = [f"postgresql://app:{SECRET}%zz@127.0.0.1:1/app",
-                  f"host=127.0.0.1 port=1 user=app password={SECRET} phrase dbname=app"]
+                  f"host=127.0.0.1 port=1 user=app password={SECRET} phrase dbname=app",
+                  # libpq reads it, with the password's tail as the host: "could not
+                  # translate host name "Hunter2@127.0.0.1"" printed it.
+                  f"postgresql://app:s3cr@{SECRET}@127.0.0.1:1/app"]
 
 
 @pytest.mark.parametrize("command", [("stats",), ("report", "--out", "x"), ("dashboard",),
                                      ("metrics", "--once"), ("bench",), ("demo",)])
-@pytest.mark.parametrize("malformed", MALFORMED_DSNS, ids=["url", "keywords"])
+@pytest.mark.parametrize("malformed", MALFORMED_DSNS, ids=["url", "keywords", "at-in-password"])
 def test_a_malformed_dsn_is_a_usage_error_that_does_not_show_it(
         command: tuple[str, ...], malformed: str) -> None:
     """libpq quotes the text it cannot parse, which may be the password: it was printed

@@ -445,3 +445,46 @@ def test_fairq_metrics_serves_alone(dsn: str, scene: Scene) -> None:
         process.send_signal(signal.SIGTERM)
         code = process.wait(60)
     assert code == 0, process.stderr.read() if process.stderr else ""
+
+
+def test_fairq_metrics_holds_two_connections_however_many_scrape(dsn: str, scene: Scene) -> None:
+    """Each scrape of ``fairq metrics`` read the top channels on a connection of its
+    own: scrapes that came together (a scraper's retries, anyone who can reach the
+    port) took every connection slot of the server, and the application's own
+    connections were refused. The exporter holds at most EXPORTER_CONNECTIONS; the
+    scrapes beyond them wait for one. Here every read waits for a lock on the channel
+    table, held until all the scrapes are answered (by the read's statement timeout,
+    or the wait's), so each scrape holds whatever it took for as long as it can."""
+    from fairq.dashboard.exporter import EXPORTER_CONNECTIONS
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fairq", "metrics", "--dsn", dsn, "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert process.stdout is not None
+        match = re.search(r"on (http://127\.0\.0\.1:\d+)/metrics", process.stdout.readline())
+        assert match
+        url = match.group(1)
+        assert Client(url, Csrf()).get("/metrics")  # started: the sampler has read once
+        with psycopg.connect(dsn, autocommit=True) as locker, \
+                psycopg.connect(dsn, autocommit=True) as watch:
+            locker.execute("BEGIN")
+            locker.execute("LOCK TABLE fairq.channel IN ACCESS EXCLUSIVE MODE")
+            scrapes = [threading.Thread(target=Client(url, Csrf()).request, args=("GET", "/metrics"))
+                       for _ in range(8)]
+            for scrape in scrapes:
+                scrape.start()
+            most = 0
+            while any(scrape.is_alive() for scrape in scrapes):
+                row = watch.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name"
+                                    " = 'fairq dashboard' AND datname = current_database()").fetchone()
+                most = max(most, int(row[0]) if row else 0)
+                time.sleep(0.01)
+            locker.execute("ROLLBACK")
+        assert 1 <= most <= EXPORTER_CONNECTIONS
+        assert Client(url, Csrf()).get("/metrics")  # and it serves on
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(60)
+    assert code == 0, process.stderr.read() if process.stderr else ""

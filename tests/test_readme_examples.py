@@ -63,17 +63,17 @@ SHELL_COMMANDS = {
                                "PG_CONFIG only picks another pg_config (PGXS's own variable)",
     "psql -c 'CREATE EXTENSION fairq'": "tests/conftest.py creates the extension in every "
                                         "test database's template",
-    "fairq install --dsn": "tests/test_install.py and tests/test_cli.py",
-    "fairq upgrade --dsn": "tests/test_install.py and tests/test_cli.py",
-    "fairq report --dsn": "tests/test_readme_spark.py runs the README's Spark example and this",
+    # (The commands below read $DATABASE_URL when --dsn is not given: tests/test_cli.py::
+    # test_channel_send_stats_and_dead_letters and test_readme_spark.py run them so.)
+    "fairq install": "tests/test_install.py and tests/test_cli.py",
+    "fairq upgrade": "tests/test_install.py and tests/test_cli.py",
+    "fairq report": "tests/test_readme_spark.py runs the README's Spark example and this",
     "fairq worker": "tests/test_worker.py runs `fairq worker MODULE:FUNCTION` as a process; "
                     "test_cli_worker_block_parses checks this block's options",
     "pip install 'fairq[dashboard]'": "make venv installs the same extra (`.[test,dashboard]`) "
                                       "for the dashboard's suites",
-    "fairq dashboard --dsn": "tests/test_dashboard_http.py::"
-                             "test_fairq_dashboard_serves_until_stopped",
-    "fairq metrics --once --dsn": "tests/test_dashboard_http.py::"
-                                  "test_metrics_once_prints_the_same",
+    "fairq dashboard": "tests/test_dashboard_http.py::test_fairq_dashboard_serves_until_stopped",
+    "fairq metrics --once": "tests/test_dashboard_http.py::test_metrics_once_prints_the_same",
 }
 
 

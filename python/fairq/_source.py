@@ -21,12 +21,21 @@ Source = (str | psycopg.Connection[Any] | ConnectionPool[Any]
 def checked_conninfo(conninfo: str) -> str:
     """``conninfo``, once libpq can read it. libpq's complaint about one it cannot
     quotes the text it choked on, which may be the password: the ValueError raised
-    instead does not repeat it (neither do logs, tracebacks or a pool's retries)."""
+    instead does not repeat it (neither do logs, tracebacks or a pool's retries). So
+    for a URL whose password holds an unescaped "@": libpq reads the rest of the
+    password as part of the host name, and every failure to resolve it printed that."""
     try:
-        conninfo_to_dict(conninfo)
+        parsed = conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError:
         raise ValueError("the connection string is malformed (not shown: it may hold a"
                          " password)") from None
+    for key in ("host", "hostaddr"):
+        # (A socket directory is a path, and an abstract socket's name starts with @.)
+        if any("@" in host and not host.startswith(("/", "@"))
+               for host in str(parsed.get(key) or "").split(",")):
+            raise ValueError(f"the connection string is malformed: its {key} holds an '@'"
+                             " (not shown: it may be the end of a password; write '@' in a"
+                             " URL's password as %40)")
     return conninfo
 
 

@@ -107,11 +107,7 @@ class Dashboard:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        # (A page waits for a connection as long as a read may take, no longer: with
-        # the database down, pages answered after the pool's default 30 s.)
-        self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            settings.dsn, min_size=1, max_size=4, open=False, configure=q.prepare_session,
-            kwargs=q.CONNECTION_OPTIONS, timeout=q.STATEMENT_TIMEOUT_MS / 1000)
+        self.pool: ConnectionPool[psycopg.Connection[Any]] = q.connection_pool(settings.dsn, 4)
         self.sampler = Sampler(self.connection, settings.interval)
         self.csrf = Csrf()
         self.templates = Environment(loader=PackageLoader("fairq.dashboard", "templates"),

@@ -28,7 +28,10 @@ from fairq.dashboard.cli import answered_hosts, check_database, missing_extra, s
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = ["main", "serve_metrics"]
+__all__ = ["EXPORTER_CONNECTIONS", "main", "serve_metrics"]
+
+#: The database connections ``fairq metrics`` holds at most, however many scrapes come.
+EXPORTER_CONNECTIONS = 2
 
 
 def _host_name(header: str) -> str:
@@ -92,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from prometheus_client import generate_latest
 
     from fairq.dashboard.metrics import collect_once, live, registry
-    from fairq.dashboard.queries import connect
+    from fairq.dashboard.queries import connect, connection_pool
     from fairq.dashboard.sampler import Sampler
     try:
         check_database(args.dsn)
@@ -105,13 +108,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fairq metrics: {exc}", file=sys.stderr)
         return 1
 
-    def connection() -> psycopg.Connection[Any]:
-        return connect(args.dsn)
-
-    sampler = Sampler(connection, args.interval)
+    # The sampler's connection and one for scrapes: scrapes that come together queue
+    # for it (a connection each let parallel scrapes take every connection slot).
+    pool = connection_pool(args.dsn, EXPORTER_CONNECTIONS)
+    pool.open()
+    sampler = Sampler(pool.connection, args.interval)
     sampler.start()
     server, thread = serve_metrics(args.host, args.port,
-                                   registry(live(sampler, connection, args.top_channels)),
+                                   registry(live(sampler, pool.connection, args.top_channels)),
                                    answered_hosts(args.host, args.allowed_host))
     print(f"fairq metrics on http://{args.host}:{server.server_port}/metrics (Ctrl-C stops it)",
           flush=True)
@@ -122,4 +126,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.shutdown()
     thread.join()
     sampler.stop()
+    pool.close()
     return 0

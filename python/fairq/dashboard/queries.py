@@ -30,6 +30,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import class_row
+from psycopg_pool import ConnectionPool
 
 from fairq import _pools, _timestamps
 
@@ -51,6 +52,7 @@ __all__ = [
     "can_read_messages",
     "channel_page",
     "connect",
+    "connection_pool",
     "dead_letter_delete",
     "dead_letter_page",
     "dead_letter_retry",
@@ -96,10 +98,20 @@ def prepare_session(conn: Connection) -> None:
 
 
 def connect(dsn: str) -> Connection:
-    """A connection of the dashboard's own (``fairq metrics``)."""
+    """A connection of the dashboard's own (``fairq metrics --once``)."""
     conn = psycopg.connect(dsn, **CONNECTION_OPTIONS)
     prepare_session(conn)
     return conn
+
+
+def connection_pool(dsn: str, max_size: int) -> ConnectionPool[Connection]:
+    """The connections of a running dashboard or exporter (opened by the caller):
+    at most ``max_size``, however many requests come at once; a request waits for one
+    as long as a read may take, no longer (with the database down, pages answered
+    after the pool's default 30 s), then fails with PoolTimeout, a psycopg.Error."""
+    return ConnectionPool(dsn, min_size=1, max_size=max_size, open=False,
+                          configure=prepare_session, kwargs=CONNECTION_OPTIONS,
+                          timeout=STATEMENT_TIMEOUT_MS / 1000)
 
 # A pause read back as two columns: psycopg cannot load timestamptz 'infinity'.
 _PAUSE = ("CASE WHEN isfinite({col}) THEN {col} END AS paused_until,"
