@@ -488,3 +488,18 @@ def test_fairq_metrics_holds_two_connections_however_many_scrape(dsn: str, scene
         process.send_signal(signal.SIGTERM)
         code = process.wait(60)
     assert code == 0, process.stderr.read() if process.stderr else ""
+
+
+def test_only_the_dashboards_own_notices_are_shown(dsn: str, scene: Scene, serve: Any) -> None:
+    """An action's redirect carries its notice ("dead letter 7: requeued"), signed: a
+    link with any ?notice= put its text on the page as the dashboard's own message
+    (escaped, but a trusted place for a phishing line)."""
+    client = serve(dsn)
+    spoof = "dead letter 1: requeued. Re-authenticate at https://evil.example/login"
+    for forged in ({"notice": spoof}, {"notice": spoof, "notice_sig": "0" * 64}):
+        assert 'id="notice"' not in client.get(f"/dead-letters?{urlencode(forged)}")
+    victim = str(scene.dead_ids[0])
+    status, headers, _ = client.post("retry", {"id": victim, "csrf_token": client.token(),
+                                               "next": "/dead-letters"})
+    assert status == 303
+    assert f'id="notice">dead letter {victim}: requeued<' in client.get(headers["location"])

@@ -91,9 +91,10 @@ def _safe_next(target: str | None) -> str:
     return target
 
 
-def _with_notice(target: str, notice: str) -> str:
+def _with_notice(target: str, notice: str, signature: str) -> str:
     parts = urlsplit(target)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "notice"] + [("notice", notice)]
+    query = ([(k, v) for k, v in parse_qsl(parts.query) if k not in ("notice", "notice_sig")]
+             + [("notice", notice), ("notice_sig", signature)])
     return urlunsplit(("", "", parts.path, urlencode(query), ""))
 
 
@@ -187,7 +188,9 @@ class Dashboard:
             refresh_ms=0 if template == "error.html"
             else int(self.settings.interval.total_seconds() * 1000),
             snapshot=snapshot, sampler_error=self.sampler.error, here=here,
-            notice=request.query_params.get("notice"), pauses=PAUSES,
+            notice=self.csrf.signed_notice(request.query_params.get("notice"),
+                                           request.query_params.get("notice_sig")),
+            pauses=PAUSES,
             **{"active": None, "back": "/", **context})
         response = HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
         if new:
@@ -301,7 +304,8 @@ class Dashboard:
                 "error": f"the database refused: {_database_error(exc)}", "back": back}, status)
         # The pages show the snapshot: take a fresh one so the change shows at once.
         await run_in_threadpool(self.sampler.sample_now)
-        return RedirectResponse(_with_notice(back, notice), status_code=303)
+        return RedirectResponse(_with_notice(back, notice, self.csrf.notice_signature(notice)),
+                                status_code=303)
 
     def _act(self, action: str, form: dict[str, str]) -> str:
         def field(name: str) -> str:

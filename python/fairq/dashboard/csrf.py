@@ -37,6 +37,18 @@ class Csrf:
     def token(self, session: str) -> str:
         return hmac.new(self.secret, session.encode(), hashlib.sha256).hexdigest()
 
+    def notice_signature(self, notice: str) -> str:
+        """Signs the notice an action's redirect carries, so that a page shows only
+        notices this dashboard wrote (a link with any ?notice= put its text on the
+        page as the dashboard's own message)."""
+        return hmac.new(self.secret, b"notice:" + notice.encode(), hashlib.sha256).hexdigest()
+
+    def signed_notice(self, notice: str | None, signature: str | None) -> str | None:
+        """``notice`` if ``signature`` is this dashboard's for it, else None."""
+        if notice is None or signature is None:
+            return None
+        return notice if hmac.compare_digest(signature, self.notice_signature(notice)) else None
+
     def session(self, request: Request) -> tuple[str, bool]:
         """The browser's session id, and whether it is new (to be set as a cookie)."""
         existing = request.cookies.get(COOKIE)

@@ -13,6 +13,7 @@
   const url = new URL(window.location.href);
   if (url.searchParams.has("notice")) {
     url.searchParams.delete("notice");
+    url.searchParams.delete("notice_sig");
     window.history.replaceState(null, "", url.toString());
   }
   async function refresh() {
