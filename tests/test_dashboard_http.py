@@ -503,3 +503,28 @@ def test_only_the_dashboards_own_notices_are_shown(dsn: str, scene: Scene, serve
                                                "next": "/dead-letters"})
     assert status == 303
     assert f'id="notice">dead letter {victim}: requeued<' in client.get(headers["location"])
+
+
+def test_the_queues_page_and_metrics_show_the_queues_that_matter(
+        dsn: str, scene: Scene, serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any producer may name a new queue, and queues are never removed: the page and
+    the per-queue series listed every queue ever named (20 MB a refresh at 20,000).
+    They show SHOWN_QUEUES: every paused queue, then those holding the most."""
+    from fairq.dashboard import sampler
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        named = {r[0] for r in conn.execute("SELECT queue FROM fairq.queues")}
+        for i in range(4):  # named, then emptied: they hold nothing
+            conn.execute("SELECT fairq.message_create('c', 'x', p_queue => %s)", (f"zz-spam-{i}",))
+            conn.execute("SELECT fairq.message_complete(id, num_attempts)"
+                         " FROM fairq.message_dequeue(60000, 1, %s)", (f"zz-spam-{i}",))
+        conn.execute("SELECT fairq.queue_pause('zz-spam-3')")
+    monkeypatch.setattr(sampler, "SHOWN_QUEUES", len(named) + 1)
+    client = serve(dsn)
+    page = client.get("/")
+    shown = set(re.findall(r'<tr data-queue="([^"]+)"', page))
+    assert shown == named | {"zz-spam-3"}  # the paused one, then those holding more
+    assert 'id="queues-not-shown">3 more queues' in page
+    found = metrics(client.get("/metrics"))
+    assert {dict(labels)["queue"] for name, labels in found if name == "fairq_queue_size"} == shown
+    assert found[("fairq_queues", ())] == len(named) + 4

@@ -220,7 +220,9 @@ class Dashboard:
     def queues_page(self, request: Request,
                     conn: psycopg.Connection[Any]) -> tuple[str, dict[str, Any]]:
         snapshot = self._snapshot()
-        return "queues.html", {"active": "queues", "queues": snapshot.queues,
+        shown = snapshot.shown_queues()
+        return "queues.html", {"active": "queues", "queues": shown,
+                               "not_shown": len(snapshot.queues) - len(shown),
                                "chart": self.chart(conn, snapshot)}
 
     def channels_page(self, request: Request,

@@ -102,13 +102,17 @@ def families(data: Collected) -> Iterator[Metric]:
     yield _gauge("fairq_read_duration_seconds",
                  "how long the last read of fairq.queues took (it grows with the channels)",
                  [], [([], snapshot.seconds)])
+    yield _gauge("fairq_queues", "queues named so far (the per-queue series show some:"
+                 " every paused one, then those holding the most messages)", [],
+                 [([], float(len(snapshot.queues)))])
+    shown = snapshot.shown_queues()
     for name, doc, value in QUEUE_GAUGES:
         yield _gauge(f"fairq_queue_{name}", f"per queue: {doc}", ["queue"],
-                     [([q.queue], float(value(q))) for q in snapshot.queues])
+                     [([q.queue], float(value(q))) for q in shown])
     if snapshot.reads_messages:
         yield _gauge("fairq_queue_oldest_ready_age_seconds",
                      "per queue: how long its oldest ready message has waited (0: none)",
-                     ["queue"], [([q.queue], q.oldest_ready_s or 0.0) for q in snapshot.queues])
+                     ["queue"], [([q.queue], q.oldest_ready_s or 0.0) for q in shown])
     labels = ["queue", "channel"]
     top = data.channels
     for name, doc, cvalue in CHANNEL_GAUGES:

@@ -30,7 +30,8 @@ from fairq.dashboard.queries import (
     queues,
 )
 
-__all__ = ["HOUR", "Sample", "Sampler", "SettledCounters", "Snapshot", "take_snapshot"]
+__all__ = ["HOUR", "SHOWN_QUEUES", "Sample", "Sampler", "SettledCounters", "Snapshot",
+           "take_snapshot"]
 
 HOUR = timedelta(hours=1)
 #: Intervals without a new sample after which the pages and /metrics say so
@@ -39,6 +40,11 @@ STALE_AFTER = 3
 #: The queues a sample keeps for the chart, the busiest (ready + in flight): an hour of
 #: samples of every queue grew without bound with the queues (3.5 MB/s at 20,000).
 CHARTED_QUEUES = 10
+#: The queues the Queues page and the per-queue metrics show: every paused one, then
+#: those holding the most messages and dead letters. Queues are job kinds, and few, but
+#: any producer may name a new one: a page of every queue ever named grew without
+#: bound (20 MB at each refresh with 20,000 queues, 7 MB of metrics).
+SHOWN_QUEUES = 200
 #: How long stop() waits for a read in progress, beyond one interval.
 STOP_WAIT_S = 5.0
 log = logging.getLogger("fairq.dashboard")
@@ -53,6 +59,13 @@ class Snapshot:
     queues: list[QueueRow]
     reads_messages: bool  # whether fairq.message was readable (oldest ready ages)
     history: bool  # whether fairq.message_history holds rows or the setting is on
+
+    def shown_queues(self) -> list[QueueRow]:
+        """At most SHOWN_QUEUES of the queues, in name order (see SHOWN_QUEUES; among
+        equals, the first names)."""
+        ranked = sorted(self.queues,
+                        key=lambda q: (not q.pause.active, -(q.size + q.dead), q.queue))
+        return sorted(ranked[:SHOWN_QUEUES], key=lambda q: q.queue)
 
 
 @dataclass(frozen=True)
