@@ -597,7 +597,7 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_size integer;
-    v_changes integer;  -- rows of channel_size_change folded in
+    v_folded integer;  -- the changes recorded since the last producer (NULL: none)
     v_admitted integer;
 BEGIN
     IF NOT p_enforce THEN
@@ -612,9 +612,10 @@ BEGIN
     WITH folded AS (
         DELETE FROM fairq.channel_size_change d WHERE d.channel_id = p_channel.id RETURNING d.delta
     )
-    SELECT v_size + coalesce(sum(f.delta), 0), count(*) INTO v_size, v_changes FROM folded f;
+    SELECT sum(f.delta) INTO v_folded FROM folded f;
+    v_size := v_size + coalesce(v_folded, 0);
     v_admitted := LEAST(p_delta, GREATEST(0, p_channel.max_size - v_size));
-    IF v_admitted <> 0 OR v_changes > 0 THEN
+    IF v_admitted <> 0 OR v_folded IS NOT NULL THEN
         UPDATE fairq.channel_size SET size = v_size + v_admitted WHERE channel_id = p_channel.id;
     END IF;
     RETURN v_admitted;

@@ -106,7 +106,7 @@ CREATE FUNCTION fairq.check() RETURNS TABLE(channel text, problem text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    -- Messages and wakes are read once each, grouped by channel: per-channel lookups
+    -- Messages, wakes and size changes are read once each, grouped by channel: per-channel lookups
     -- would read the whole message table once per channel (no index on channel_id
     -- alone covers every status).
     WITH held AS (
@@ -119,15 +119,16 @@ AS $$
          GROUP BY m.channel_id
     ), waking AS (
         SELECT w.channel_id, min(w.due_at) AS due_at FROM fairq.channel_wake w GROUP BY w.channel_id
+    ), changed AS (
+        SELECT x.channel_id, sum(x.delta) AS delta FROM fairq.channel_size_change x GROUP BY x.channel_id
     ), truth AS (
         SELECT c.*,
                coalesce(h.locked, 0) AS locked,
                coalesce(h.messages, 0) AS messages,
                coalesce(h.lock_mismatch, 0) AS lock_mismatch,
                h.earliest_due,
-               s.size + coalesce((SELECT sum(x.delta) FROM fairq.channel_size_change x
-                                   WHERE x.channel_id = c.id), 0) AS counted_size,
-               EXISTS (SELECT 1 FROM fairq.channel_size_change x WHERE x.channel_id = c.id) AS size_changed,
+               s.size + coalesce(x.delta, 0) AS counted_size,
+               x.channel_id IS NOT NULL AS size_changed,
                -- a queued wake (fairq.channels_wake) stands for due_at until applied
                LEAST(c.due_at, w.due_at) AS due_or_waking,
                (SELECT clock_timestamp() + shift FROM fairq.clock_offset) AS now
@@ -135,6 +136,7 @@ AS $$
           LEFT JOIN held h ON h.channel_id = c.id
           LEFT JOIN waking w ON w.channel_id = c.id
           LEFT JOIN fairq.channel_size s ON s.channel_id = c.id
+          LEFT JOIN changed x ON x.channel_id = c.id
     )
     SELECT t.name, p.problem
       FROM truth t

@@ -103,12 +103,17 @@ def _database_error(exc: psycopg.Error) -> str:
     return f"{str(exc).strip() or type(exc).__name__}{code}"
 
 
+#: The database connections a dashboard holds at most, however many pages are asked for.
+DASHBOARD_CONNECTIONS = 4
+
+
 class Dashboard:
     """One dashboard: its connection pool, sampler, templates and metrics."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.pool: ConnectionPool[psycopg.Connection[Any]] = q.connection_pool(settings.dsn, 4)
+        self.pool: ConnectionPool[psycopg.Connection[Any]] = q.connection_pool(
+            settings.dsn, DASHBOARD_CONNECTIONS)
         self.sampler = Sampler(self.connection, settings.interval)
         self.csrf = Csrf()
         self.templates = Environment(loader=PackageLoader("fairq.dashboard", "templates"),
