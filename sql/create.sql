@@ -274,19 +274,22 @@ DECLARE
     v_wakes boolean;  -- the message brings its channel's turn forward: a wake is queued
     v_id bigint;
     v_duplicate bigint;  -- the live message that already has p_dedup_key
+    v_done boolean;  -- what the checks return (validate.sql)
 BEGIN
-    -- (Each statement costs; the checks are one, in argument order.)
-    PERFORM fairq.require_read_committed('fairq.message_create'),
-            fairq.require_channel_name(p_channel, 'p_channel'), fairq.require(p_content, 'p_content'),
-            fairq.require_dedup_key(p_dedup_key, 'p_dedup_key'),
-            fairq.require_finite(p_dequeue_at, 'p_dequeue_at');
+    -- (The checks in argument order. The optional values may be NULL: each is compared
+    -- with itself, so that the AND goes on.)
+    v_done := fairq.require_read_committed('fairq.message_create')
+              AND fairq.require_channel_name(p_channel, 'p_channel') IS NOT NULL
+              AND fairq.require(p_content, 'p_content') IS NOT NULL
+              AND fairq.require_dedup_key(p_dedup_key, 'p_dedup_key') IS NOT DISTINCT FROM p_dedup_key
+              AND fairq.require_finite(p_dequeue_at, 'p_dequeue_at') IS NOT DISTINCT FROM p_dequeue_at;
     -- (A known queue is looked up here: a plpgsql call per message cost more than
     -- the lookup.)
     v_queue_id := coalesce((SELECT q.id FROM fairq.queue q WHERE q.name = p_queue),
                            fairq.queue_for_producer(p_queue, 'p_queue'));
     -- The producer lock first, as in the batch path: under it the row read next
     -- cannot be collected, and its max_size cannot change (channel_set takes the
-    -- lock exclusively). Then the settle lock (the subquery is taken first), and the
+    -- lock exclusively). Then the settle lock's try, and the
     -- question whether the queue is being settled in bulk, before the row is read:
     -- while the lock is held, and unless that answer is yes, the channel stays as due
     -- as read here (fairq.channels_wake, which also queues the wake when it is not). A
@@ -296,10 +299,10 @@ BEGIN
     IF v_in_bulk THEN
         v_settling := true;
     ELSE
-        SELECT NOT fairq.settle_lock_try_shared(v_queue_id, p_channel) INTO v_settling
-          FROM (SELECT pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
-                                                    fairq.producer_lock_key(v_queue_id, p_channel))
-                OFFSET 0) AS producer_lock;
+        -- (One assignment, not a statement: validate.sql.)
+        v_settling := NOT (pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
+                                                        fairq.producer_lock_key(v_queue_id, p_channel)) IS NOT NULL
+                           AND fairq.settle_lock_try_shared(v_queue_id, p_channel));
         v_settling := v_settling OR fairq.bulk_settling(v_queue_id);  -- after the settle lock
     END IF;
     SELECT * INTO v_channel FROM fairq.channel c WHERE c.queue_id = v_queue_id AND c.name = p_channel;

@@ -258,11 +258,14 @@ DECLARE
     v_holds_locks boolean := false;
     v_clock_fresh boolean := false;  -- v_now was read after the last pick that found something
     v_attempts_capped boolean;
+    v_woken boolean;  -- a picked channel may have wakes queued
+    v_scheduled_due boolean;  -- a picked channel may have scheduled messages come due
     v_uneven boolean;  -- the round may end before the last channel picked
     v_collect boolean;  -- the collector's turn was due when the call began
+    v_done boolean;  -- what the checks return (validate.sql)
 BEGIN
-    PERFORM fairq.require_read_committed('fairq.message_dequeue'),
-            fairq.require_at_least(p_max_messages, 1, 'p_max_messages');
+    v_done := fairq.require_read_committed('fairq.message_dequeue')
+              AND fairq.require_at_least(p_max_messages, 1, 'p_max_messages') IS NOT NULL;
     -- The queue, and three questions, in one statement (each statement costs):
     --   * has its earliest lock expired (one probe of message_locked_ix)?
     --   * would fairq.join_rotation find anything: a channel whose wait is over, or a
@@ -308,6 +311,9 @@ BEGIN
             v_uneven := false;
             v_turn_seqs := ARRAY[nextval('fairq.turn_seq')];
             v_latest_given := NULL;
+            -- (Its wakes were spent as it joined: any queued since?)
+            v_woken := EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = v_first_id);
+            v_scheduled_due := true;
         ELSE
             -- Step 2. (The aggregates take the rows in the order the subquery gives them,
             -- the rotation order: PostgreSQL's sorted-subquery idiom, without a sort of
@@ -322,8 +328,18 @@ BEGIN
                    -- not, each takes its next turn in the order n single dequeues would
                    -- give it.
                    coalesce(array_agg(nextval('fairq.turn_seq')), '{}'),
-                   max(p.turn_given_at)
-              INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs, v_latest_given
+                   max(p.turn_given_at),
+                   -- Whether steps 2 and 3 below have anything to do, asked here: two
+                   -- probes of an index cost less than the two statements. (A wake or a
+                   -- scheduled message committed after this snapshot is one committed a
+                   -- moment later: the next serve of the channel folds or promotes it.)
+                   coalesce(bool_or(EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = p.id)),
+                            false),
+                   coalesce(bool_or(EXISTS (SELECT 1 FROM fairq.message s
+                                             WHERE s.channel_id = p.id AND s.status = 'scheduled'
+                                               AND s.dequeue_at <= v_now)), false)
+              INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs, v_latest_given,
+                   v_woken, v_scheduled_due
               FROM (SELECT c.id, c.name, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts,
                            c.turn_given_at
                       FROM fairq.channel c
@@ -367,6 +383,7 @@ BEGIN
         -- were recorded closer than release_interval_ms.
         IF v_latest_given > v_now THEN
             v_now := fairq.clock();
+            v_scheduled_due := true;  -- (asked at the older clock)
         END IF;
         v_clock_fresh := false;
         v_holds_locks := true;
@@ -385,16 +402,18 @@ BEGIN
             v_turn_seqs := v_turn_seqs[1 : v_pos];
         END IF;
         -- Wakes still queued for the picked channels happened before this serve.
-        IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_picked)) THEN
+        IF v_woken THEN
             PERFORM fairq.fold_wakes(v_picked);
         END IF;
 
         -- Step 3.
-        UPDATE fairq.message m SET status = 'ready'
-         WHERE m.id = ANY (ARRAY(SELECT s.id FROM fairq.message s
-                                  WHERE s.channel_id = ANY (v_picked) AND s.status = 'scheduled'
-                                    AND s.dequeue_at <= v_now
-                                    FOR UPDATE SKIP LOCKED));  -- a message being cancelled stays put
+        IF v_scheduled_due THEN
+            UPDATE fairq.message m SET status = 'ready'
+             WHERE m.id = ANY (ARRAY(SELECT s.id FROM fairq.message s
+                                      WHERE s.channel_id = ANY (v_picked) AND s.status = 'scheduled'
+                                        AND s.dequeue_at <= v_now
+                                        FOR UPDATE SKIP LOCKED));  -- a message being cancelled stays put
+        END IF;
         IF v_attempts_capped THEN
             PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
         END IF;

@@ -153,14 +153,16 @@ $$;
 
 -- Records a settled message in fairq.message_history while the setting fairq.history
 -- is on. (SQL, inlined into its callers: with history off, the common case, a
--- settlement asks the setting and calls nothing.)
+-- settlement asks the setting and calls nothing.) True, for an assignment
+-- (validate.sql).
 CREATE FUNCTION fairq.record_history(p_message fairq.message, p_channel text, p_outcome text,
                                      p_now timestamptz)
-RETURNS void
+RETURNS boolean
 LANGUAGE sql
 AS $$
     SELECT CASE WHEN fairq.setting_on('fairq.history')
-                THEN fairq.history_insert(p_message, p_channel, p_outcome, p_now) END
+                THEN fairq.history_insert(p_message, p_channel, p_outcome, p_now) IS NOT NULL
+                ELSE true END
 $$;
 
 -- Moves a message its caller has already deleted (under the channel lock) to the

@@ -196,14 +196,14 @@ $$;
 
 -- fairq.policy_locks_shared for one channel p_channel_id of queue p_queue_id (SQL,
 -- inlined: a completion of one message is the common case, and a plpgsql call cost
--- more than the lock).
-CREATE FUNCTION fairq.policy_lock_shared(p_channel_id bigint, p_queue_id integer) RETURNS void
+-- more than the lock). True once taken, for an assignment (validate.sql).
+CREATE FUNCTION fairq.policy_lock_shared(p_channel_id bigint, p_queue_id integer) RETURNS boolean
 LANGUAGE sql
 AS $$
     SELECT CASE WHEN fairq.goes_bulk(fairq.policy_locks_setting(), fairq.policy_lock_class(), 1)
                 THEN pg_advisory_xact_lock_shared(fairq.bulk_policy_lock_class(), p_queue_id)
                 ELSE pg_advisory_xact_lock_shared(fairq.policy_lock_class(), fairq.policy_lock_key(p_channel_id))
-           END
+           END IS NOT NULL
 $$;
 
 -- The settle lock of a channel, keyed like its producer lock: a call about to make

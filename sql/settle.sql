@@ -198,9 +198,11 @@ DECLARE
     v_message fairq.message;
     v_channel fairq.channel;
     v_woke boolean := false;
+    v_done boolean;  -- what the checks, the lock and the record return (validate.sql)
 BEGIN
-    PERFORM fairq.require_read_committed('fairq.message_complete'),
-            fairq.require(p_id, 'p_id'), fairq.require(p_num_attempts, 'p_num_attempts');
+    v_done := fairq.require_read_committed('fairq.message_complete')
+              AND fairq.require(p_id, 'p_id') IS NOT NULL
+              AND fairq.require(p_num_attempts, 'p_num_attempts') IS NOT NULL;
     -- The fenced delete locks the message as it removes it: one statement, one row
     -- lock, where locking first and deleting after would write the row twice.
     DELETE FROM fairq.message m
@@ -211,7 +213,7 @@ BEGIN
     END IF;
     -- (The policy read after the lock, in a statement of its own: a snapshot taken
     -- before a wait for channel_set would miss the policy it set.)
-    PERFORM fairq.policy_lock_shared(v_message.channel_id, v_message.queue_id);
+    v_done := fairq.policy_lock_shared(v_message.channel_id, v_message.queue_id);
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     IF v_channel.max_concurrency IS NOT NULL THEN
         v_channel := fairq.channel_lock(v_channel.id);
@@ -219,8 +221,8 @@ BEGIN
         v_woke := v_channel.in_flight = v_channel.max_concurrency AND v_channel.due_at IS NOT NULL;
         PERFORM fairq.channel_unlock(v_channel, 1, NULL, v_now);
     END IF;
-    PERFORM fairq.channel_resize(v_channel, -1, false);
-    PERFORM fairq.record_history(v_message, v_channel.name, 'completed', v_now);
+    v_done := fairq.channel_resize(v_channel, -1, false) IS NOT NULL
+              AND fairq.record_history(v_message, v_channel.name, 'completed', v_now);
     IF fairq.events_wanted(coalesce(v_woke, false)) THEN
         IF fairq.worker_sleeps(v_channel.queue_id) THEN
             PERFORM fairq.notify_event('completed', v_channel.queue_id, v_channel.name, p_id, NULL);

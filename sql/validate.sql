@@ -10,6 +10,14 @@
 -- per argument cost more than the rest of a completion's checks. (The checks are
 -- IMMUTABLE: planned with a constant argument, the plpgsql check runs at plan time,
 -- and raises only where it would have raised at run time.)
+--
+-- The calls made for every message (message_create, message_dequeue,
+-- message_complete) assign what their checks (and the locks and records they make
+-- for their effect) return to a variable, v_done, instead of PERFORMing them: plpgsql evaluates the assignment of a plain expression itself, where a
+-- PERFORM runs a query through the executor (measured: 1.37 µs for a PERFORM of
+-- the checks against 0.12 for their assignment, 3.5 against 0.9 for a lock). So the
+-- checks that only raise return true, and several are joined by AND (each returns
+-- true or its non-NULL value, so none is skipped).
 
 CREATE FUNCTION fairq.checked_not_null(p_value anyelement, p_name text) RETURNS anyelement
 LANGUAGE plpgsql IMMUTABLE
@@ -224,7 +232,7 @@ $$;
 -- calls refuse them (0A000), before anything is changed. (The test is a SQL function
 -- inlined into the statement that calls it: every dequeue, create and completion asks,
 -- and only a refusal calls plpgsql.)
-CREATE FUNCTION fairq.refuse_isolation(p_call text) RETURNS void
+CREATE FUNCTION fairq.refuse_isolation(p_call text) RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
@@ -236,11 +244,11 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION fairq.require_read_committed(p_call text) RETURNS void
+CREATE FUNCTION fairq.require_read_committed(p_call text) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
     SELECT CASE WHEN current_setting('transaction_isolation') <> 'read committed'
-                THEN fairq.refuse_isolation(p_call) END
+                THEN fairq.refuse_isolation(p_call) ELSE true END
 $$;
 
 -- A setting that holds a duration (fairq.idle_channel_ttl, fairq.dequeue_busy_wait):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import psycopg
@@ -548,6 +548,51 @@ def test_a_one_message_dequeue_locks_and_hands_out_its_head_in_one_statement(con
     locking = [p for p in plans if heads.search(p)]
     assert len(locking) == 1 and "Update on message" not in locking[0], plans
     assert [p for p in plans if "Update on message" in p and "num_attempts" in p], plans
+
+
+def statements_of(conn: Conn, sql: str, params: tuple[object, ...] = ()) -> list[str]:
+    """The first line of each statement sql ran inside fairq's functions (the call
+    itself left out): what went through the executor, as auto_explain logs it."""
+    texts = [p.split("Query Text:", 1)[1].strip() for p in plans_of(conn, sql, params) if "Query Text:" in p]
+    return [t.splitlines()[0] for t in texts if not t.startswith(sql.split("(")[0])]
+
+
+def test_a_busy_channels_cycle_runs_only_the_statements_of_its_work(conn: Conn) -> None:
+    """On a busy channel (more ready messages, no wake queued, nothing scheduled) a
+    create runs three statements (its queue, its channel, the insert), a dequeue four
+    (the queue's questions, the pick, the head handed out, the channel's next turn)
+    and a completion two (the fenced delete, the channel). Each statement costs its
+    plan's start-up at every call: the argument checks, the locks and the history
+    record are assignments that plpgsql evaluates without the executor, and the pick
+    asks whether its channels have wakes queued or scheduled messages due instead of
+    a statement for each. 0.7.30 ran 18 statements for this cycle, not 9."""
+    conn.execute("UPDATE fairq.channel_collection SET collected_at = 'infinity'")
+    for _ in range(3):
+        create(conn, "a")
+        create(conn, "b")
+    dequeue_sql = "SELECT id, channel, num_attempts FROM fairq.message_dequeue(30000, 1)"
+    complete_sql = "SELECT fairq.message_complete(%s, %s)"
+    create_sql = "SELECT fairq.message_create(%s, %s)"
+
+    def cycle(statements: Callable[[str, tuple[object, ...]], list[str]]) -> list[list[str]]:
+        handed = statements(dequeue_sql, ())
+        row = conn.execute("SELECT m.id, m.num_attempts, c.name FROM fairq.message m"
+                           " JOIN fairq.channel c ON c.id = m.channel_id WHERE m.status = 'locked'").fetchone()
+        assert row is not None
+        return [handed, statements(complete_sql, row[:2]), statements(create_sql, (row[2], b"x"))]
+
+    def run(sql: str, params: tuple[object, ...]) -> list[str]:
+        conn.execute(sql, params)
+        return []
+
+    # Both channels join the rotation, and every statement of this cycle is planned
+    # (a plan made logs the SQL functions it folds into constants).
+    for _ in range(3):
+        cycle(run)
+    handed, completed, made = cycle(lambda sql, params: statements_of(conn, sql, params))
+    assert len(handed) == 4, handed
+    assert len(completed) == 2 and completed[0].startswith("DELETE FROM fairq.message"), completed
+    assert len(made) == 3 and made[-1].startswith("INSERT INTO fairq.message"), made
 
 
 def test_a_join_with_no_wake_queued_starts_up_no_wake_folding(conn: Conn) -> None:
