@@ -7,19 +7,22 @@
 -- do on fairq's own tables and indexes:
 --   * a dequeue of one message: take the first channel of the rotation
 --     (channel_turn_ix, SKIP LOCKED), lock its best ready message (message_ready_ix,
---     SKIP LOCKED, num_attempts + 1 as the fencing token), move the channel on by
---     one stride;
---   * a create: look the channel up by name, insert;
+--     SKIP LOCKED, num_attempts + 1 as the fencing token), then move the channel on
+--     by one stride if it has another ready message, else take it out of the
+--     rotation;
+--   * a create: look the channel up by name; if it is out of the rotation, write it
+--     back in (the naive lifecycle that fairq's wakes replaced: here a producer
+--     writes the channel row, and may wait for a dequeue that holds it); insert;
 --   * a completion: the fenced delete.
 -- Everything else falls back to the real call: a batch dequeue, an empty rotation, a
--- picked channel with nothing ready (the real call retires it), a create on a channel
--- that is missing or out of the rotation (the real call makes or wakes it). What it
--- drops: argument checks, expired-lock recovery, queued wakes and joining channels,
--- pauses, caps, rate limits, weights, max_attempts, scheduled messages coming due,
--- bounded channels, history, events, the collector, fresh clocks, and the producer,
--- settle and policy locks — so it is wrong under races (a message created while its
--- channel is being retired can be stranded), which a 15-second throughput run over
--- 100 busy channels hardly meets.
+-- picked channel with nothing ready, a create on a channel not made yet, or with a
+-- dequeue_at or a dedup key. What it drops: argument checks, expired-lock recovery,
+-- wakes, joining at the back, pauses, caps, rate limits, weights, max_attempts,
+-- scheduled messages coming due, bounded channels, history, events, the collector,
+-- fresh clocks, and the producer, settle and policy locks — so it is wrong under
+-- races (a message created while its channel is being taken out of the rotation
+-- can be stranded) and unfair (a channel put back goes first), which a 15-second
+-- throughput run hardly notices.
 -- docs/bench.md, "Measured after 0.7.31: the design without its promises", has what
 -- it measured, and how.
 
@@ -69,10 +72,15 @@ BEGIN
         RETURN QUERY SELECT * FROM fairq.message_dequeue_real(p_lock_ms, 1, p_queue);
         RETURN;
     END IF;
-    UPDATE fairq.channel c
-       SET turn_pass = c.turn_pass + 1000000, turn_seq = nextval('fairq.turn_seq'),
-           last_release_at = v_now, turn_given_at = v_now
-     WHERE c.id = v_channel_id;
+    IF EXISTS (SELECT 1 FROM fairq.message s WHERE s.channel_id = v_channel_id AND s.status = 'ready') THEN
+        UPDATE fairq.channel c
+           SET turn_pass = c.turn_pass + 1000000, turn_seq = nextval('fairq.turn_seq'),
+               last_release_at = v_now, turn_given_at = v_now
+         WHERE c.id = v_channel_id;
+    ELSE
+        UPDATE fairq.channel c SET turn_at = NULL, last_release_at = v_now, turn_given_at = NULL
+         WHERE c.id = v_channel_id;
+    END IF;
 END
 $$;
 
@@ -91,12 +99,15 @@ BEGIN
     SELECT c.id, c.queue_id INTO v_channel_id, v_queue_id
       FROM fairq.channel c
      WHERE c.queue_id = (SELECT q.id FROM fairq.queue q WHERE q.name = p_queue)
-       AND c.name = p_channel AND c.turn_at <= clock_timestamp();
+       AND c.name = p_channel AND (c.turn_at IS NULL OR c.turn_at <= clock_timestamp());
     IF v_channel_id IS NULL OR p_dequeue_at IS NOT NULL OR p_dedup_key IS NOT NULL THEN
         RETURN QUERY SELECT * FROM fairq.message_create_real(p_channel, p_content, p_dequeue_at,
                                                              p_priority, p_dedup_key, p_queue);
         RETURN;
     END IF;
+    UPDATE fairq.channel c SET turn_at = '-infinity', turn_pass = 0, turn_seq = nextval('fairq.turn_seq'),
+                               turn_given_at = clock_timestamp()
+     WHERE c.id = v_channel_id AND c.turn_at IS NULL;
     INSERT INTO fairq.message (channel_id, status, priority, dequeue_at, created_at, content, queue_id)
     VALUES (v_channel_id, 'ready', coalesce(p_priority, 0), clock_timestamp(), clock_timestamp(),
             p_content, v_queue_id)
