@@ -15,14 +15,14 @@
 --     writes the channel row, and may wait for a dequeue that holds it); insert;
 --   * a completion: the fenced delete.
 -- Everything else falls back to the real call: a batch dequeue, an empty rotation, a
--- picked channel with nothing ready, a create on a channel not made yet, or with a
--- dequeue_at or a dedup key. What it drops: argument checks, expired-lock recovery,
--- wakes, joining at the back, pauses, caps, rate limits, weights, max_attempts,
--- scheduled messages coming due, bounded channels, history, events, the collector,
--- fresh clocks, and the producer, settle and policy locks — so it is wrong under
--- races (a message created while its channel is being taken out of the rotation
--- can be stranded) and unfair (a channel put back goes first), which a 15-second
--- throughput run hardly notices.
+-- picked channel with nothing ready, a create on a channel not made yet or waiting to
+-- join the rotation, or with a dequeue_at or a dedup key. What it drops: argument
+-- checks, expired-lock recovery, wakes, joining at the back, pauses, caps, rate
+-- limits, weights, max_attempts, scheduled messages coming due, bounded channels,
+-- history, events, the collector, fresh clocks, and the producer, settle and policy
+-- locks — so it is wrong under races (a message created while its channel is being
+-- taken out of the rotation can be stranded) and unfair (a channel put back goes
+-- first), which a 15-second throughput run hardly notices.
 -- docs/bench.md, "Measured after 0.7.31: the design without its promises", has what
 -- it measured, and how.
 
