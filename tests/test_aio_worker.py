@@ -297,6 +297,64 @@ def test_cancelling_run_hands_running_work_back_at_once(hdsn: str) -> None:
     asyncio.run(scenario())
 
 
+def test_cancelling_run_as_its_dequeue_is_answered_hands_the_messages_back(hdsn: str) -> None:
+    """A cancellation that arrives once the server has handed messages out but before
+    the worker read the answer: psycopg reads it and raises CancelledError anyway, and
+    0.7.31 dropped the messages, locked until their lock lapsed. The dequeue is held on
+    a table lock until the worker waits for it; from the lock's release to the cancel
+    the test never yields, so the worker cannot read the answer first."""
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send("t", b"job")
+            handled: list[int] = []
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                handled.append(message.id)
+
+            with psycopg.connect(hdsn) as locker, psycopg.connect(hdsn, autocommit=True) as watch:
+                locker.execute("LOCK TABLE fairq.message IN ACCESS EXCLUSIVE MODE")
+                worker = AsyncWorker(queue, handler, lock=timedelta(minutes=5), listen=False)
+                task = asyncio.create_task(worker.run())
+                await until(lambda: watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE '%%message_dequeue%%'").fetchone() == (1,))
+                locker.commit()
+                deadline = time.monotonic() + TIMEOUT
+                while watch.execute("SELECT status::text FROM fairq.message WHERE id = %s",
+                                    (sent.id,)).fetchone() != ("locked",):
+                    assert time.monotonic() < deadline
+                    time.sleep(0.001)  # (not asyncio.sleep: the worker must not run)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(task, 30)
+            assert handled == []
+            [msg] = await queue.dequeue(timedelta(seconds=30))  # back now, not in 5 min
+            assert (msg.id, msg.num_attempts) == (sent.id, 2)
+    asyncio.run(scenario())
+
+
+def test_a_handler_raising_cancelled_error_of_its_own_fails_its_message(hdsn: str) -> None:
+    """A handler that awaited something cancelled elsewhere raises CancelledError
+    though nobody cancelled it: a failure like any other. 0.7.31 took it for the
+    worker's own cancellation and left the message locked, past the worker's
+    max_attempts, until its lock lapsed."""
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send("t", b"job")
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                cancelled.cancel()
+                await cancelled
+
+            worker = AsyncWorker(queue, handler, lock=timedelta(minutes=5), max_attempts=1,
+                                 **FAST)
+            async with running(worker):
+                dead = await until(lambda: fetch(hdsn, "SELECT id, error FROM fairq.dead_letters"))
+            assert dead == [(sent.id, "CancelledError: ")]
+    asyncio.run(scenario())
+
+
 def test_a_message_back_while_its_first_handler_runs_is_its_own_delivery(hdsn: str) -> None:
     """As for Worker: keyed by id, the first handler's end took the second delivery
     out of the heartbeats, and a third ran beside it once its lock lapsed."""

@@ -136,6 +136,15 @@ def test_channel_send_stats_and_dead_letters(dsn: str) -> None:
     assert cleared.returncode == 0 and "policy cleared" in cleared.stdout
 
 
+def test_a_send_to_a_full_channel_exits_1(dsn: str) -> None:
+    """A dropped message was not stored: a script must see it (0.7.31 exited 0)."""
+    assert fairq("channel", "set", "full", "--max-size", "1", dsn=dsn).returncode == 0
+    assert fairq("send", "full", "a", dsn=dsn).returncode == 0
+    dropped = fairq("send", "full", "b", dsn=dsn)
+    assert dropped.returncode == 1
+    assert dropped.stdout == "dropped -\n" and "nothing was stored" in dropped.stderr
+
+
 def _findings(result: subprocess.CompletedProcess[str]) -> dict[str, tuple[str, str]]:
     """`fairq doctor`'s table: check -> (verdict, detail)."""
     rows = [re.split(r"\s{2,}", line, maxsplit=2) for line in result.stdout.splitlines()]

@@ -14,7 +14,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from fairq import AsyncQueue, CreateStatus, Message, Queue, SettleStatus, Worker
+from fairq import (
+    AsyncQueue,
+    AsyncWorker,
+    Backoff,
+    CreateStatus,
+    Message,
+    Queue,
+    SettleStatus,
+    Worker,
+    periodic,
+)
 from fairq.codecs import BytesCodec
 from fairq.periodic import PERIODIC_CHANNEL, Schedule, tick
 from fairq.types import ReceivedMessage
@@ -204,6 +214,45 @@ def test_periodic_tick_joins_the_callers_transaction(queue: Queue[bytes], dsn: s
     assert work_messages(dsn, "reports") == []
 
 
+def test_periodic_tick_joins_a_transaction_the_caller_has_not_begun(queue: Queue[bytes],
+                                                                   dsn: str) -> None:
+    """A non-autocommit connection with no transaction open yet: the tick is part of
+    the transaction the connection's next statement begins, as a send with conn= is
+    (0.7.31 committed a transaction of its own there)."""
+    queue.schedule_periodic("p", timedelta(minutes=1), "reports", b"r")
+    [driver] = queue.dequeue(timedelta(seconds=30))
+    before = driver_row(dsn)
+    with psycopg.connect(dsn) as conn:
+        result = queue.periodic_tick(driver, conn=conn)
+        assert conn.info.transaction_status is psycopg.pq.TransactionStatus.INTRANS
+        conn.rollback()
+    assert result.work is not None
+    assert work_messages(dsn, "reports") == []
+    assert driver_row(dsn) == before
+
+
+def test_async_periodic_tick_joins_a_transaction_the_caller_has_not_begun(dsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncQueue(dsn) as queue:
+            await queue.schedule_periodic("p", timedelta(minutes=1), "reports", b"r")
+            [driver] = await queue.dequeue(timedelta(seconds=30))
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                result = await queue.periodic_tick(driver, conn=conn)
+                await conn.rollback()
+            assert result.work is not None
+    asyncio.run(scenario())
+    assert work_messages(dsn, "reports") == []
+
+
+def test_a_message_that_is_no_schedule_is_unreadable_and_changes_nothing(
+        queue: Queue[bytes], dsn: str) -> None:
+    queue.send(PERIODIC_CHANNEL, b"not a schedule")
+    [driver] = queue.dequeue(timedelta(seconds=30))
+    with pytest.raises(periodic.Unreadable, match="is not a schedule"):
+        queue.periodic_tick(driver)
+    assert driver_row(dsn)[2] == 1  # still locked by us, delivered once
+
+
 def test_async_periodic_tick_and_cron_schedule(dsn: str) -> None:
     async def scenario() -> None:
         async with AsyncQueue(dsn) as queue:
@@ -237,3 +286,41 @@ def test_a_worker_ticks_a_cron_schedule_at_its_computed_time(queue: Queue[bytes]
     assert due in {every5.next_after(first_due, before), every5.next_after(first_due, after)}
     assert [m.content for m in work] == [b"r"]
     assert attempts == 1
+
+
+def message_state(dsn: str, message_id: int) -> tuple[str, int, bool] | None:
+    """(status, num_attempts, due later than now) of a message, None once it is gone."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT status::text, num_attempts, dequeue_at > clock_timestamp()"
+                           " FROM fairq.message WHERE id = %s", (message_id,)).fetchone()
+    return None if row is None else (str(row[0]), int(row[1]), bool(row[2]))
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_worker_defers_a_periodic_message_it_cannot_read(queue: Queue[bytes], dsn: str,
+                                                           kind: str) -> None:
+    """Another application's message on the periodic channel (or a driver of a newer
+    version) is deferred with back-off, not left locked: 0.7.31's workers logged "could
+    not be settled" and it came back after every lock, forever. Never dead-lettered
+    (max_attempts=1 here): a driver's attempts count its ticks."""
+    sent = queue.send(PERIODIC_CHANNEL, b"not a schedule")
+    assert sent.id is not None
+    options: dict[str, Any] = {"lock": timedelta(minutes=5), "max_attempts": 1,
+                               "backoff": Backoff(base=timedelta(minutes=1)), **FAST}
+    handled: list[object] = []
+    if kind == "sync":
+        with running(Worker(queue, handled.append, **options)):
+            eventually(lambda: message_state(dsn, sent.id) == ("scheduled", 1, True))
+    else:
+        async def scenario() -> None:
+            async def handler(message: object) -> None:
+                handled.append(message)
+            async with AsyncQueue(dsn) as aqueue:
+                worker = AsyncWorker(aqueue, handler, **options)
+                run = asyncio.create_task(worker.run())
+                while message_state(dsn, sent.id) != ("scheduled", 1, True):
+                    await asyncio.sleep(0.05)
+                worker.stop()
+                await run
+        asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert handled == []

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -156,6 +156,67 @@ def test_a_rate_limited_channel_is_served_at_its_pace_not_at_the_poll(queue: Que
         took = time.monotonic() - started
     # Three intervals of 300 ms; at the poll's pace it takes three polls, three hours.
     assert took < 20, f"4 messages 300 ms apart took {took:.1f} s"
+
+
+def test_the_doorbell_works_east_of_utc_beside_a_channel_paused_until_datetime_max(
+        queue: Queue[bytes], dsn: str) -> None:
+    """In a session east of UTC the doorbell's next_turn_at for a channel paused until
+    datetime.max is in the year 10000: 0.7.31's worker could not load it, took that for
+    a lost connection and never held the doorbell, so producers sent it no events and
+    work waited for the poll (an hour here)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} SET timezone = 'Asia/Tokyo'")
+                     .format(sql.Identifier(conn.info.dbname)))
+    queue.send("paused", b"p")
+    queue.channel_pause("paused", datetime.max.replace(tzinfo=timezone.utc))
+    handled: list[bytes] = []
+    worker = Worker(queue, lambda message: handled.append(message.content),
+                    poll_interval=timedelta(hours=1), grace_period=timedelta(seconds=5))
+    with running(worker), psycopg.connect(dsn, autocommit=True) as conn:
+        eventually(lambda: conn.execute(LISTENING).fetchone() == (1,))
+        eventually(lambda: conn.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+            " WHERE d.datname = current_database() AND l.locktype = 'advisory'"
+            " AND l.mode = 'ShareLock' AND l.granted").fetchone() == (1,), timeout=20)
+        queue.send("other", b"x")
+        eventually(lambda: handled == [b"x"])
+
+
+def test_a_row_held_by_a_handlers_transaction_holds_up_no_other_heartbeat(
+        queue: Queue[bytes], dsn: str) -> None:
+    """Handler A completes its message in its own transaction and works on before
+    committing: a heartbeat of A waits for that row. Heartbeats run one after another,
+    and 0.7.31's waited for it, so B's lock lapsed while B's handler ran and another
+    worker was handed B."""
+    a_holds_row, release = threading.Event(), threading.Event()
+    b_running = threading.Event()
+
+    def handler(message: Message[bytes]) -> None:
+        if message.content == b"A":
+            with queue.transaction() as tx:
+                message.complete(conn=tx)
+                a_holds_row.set()
+                release.wait(60)
+        else:
+            b_running.set()
+            release.wait(60)
+
+    a = queue.send("a", b"A")
+    b = queue.send("b", b"B")
+    worker = Worker(queue, handler, concurrency=2, lock=timedelta(seconds=3), **FAST)
+    try:
+        with running(worker), psycopg.connect(dsn, autocommit=True) as conn:
+            assert a_holds_row.wait(60) and b_running.wait(60)
+            held_since = conn.execute("SELECT clock_timestamp()").fetchone()
+            # A heartbeat of B after A's row was held: B's lock then ends 3 s after it.
+            eventually(lambda: conn.execute(
+                "SELECT locked_until > %s + interval '3 s' FROM fairq.message WHERE id = %s",
+                (held_since[0] if held_since else None, b.id)).fetchone() == (True,),
+                timeout=20)
+            release.set()
+    finally:
+        release.set()
+    assert sorted(completions(dsn)) == sorted([(a.id, 1), (b.id, 1)])
 
 
 def test_a_coroutine_returned_by_a_plain_handler_fails_its_message(queue: Queue[bytes],

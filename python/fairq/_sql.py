@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
+from psycopg import pq
+
 from fairq.codecs import Codec
 from fairq.types import (
     CancelStatus,
@@ -59,6 +61,18 @@ def milliseconds(duration: timedelta) -> int:
     0 ms, and a negative duration stays negative for the SQL to refuse (-1 µs was 0)."""
     ms = duration / timedelta(milliseconds=1)
     return math.ceil(ms) if ms >= 0 else math.floor(ms)
+
+
+# What opens the transaction a non-autocommit connection begins at its next statement:
+# a call made with conn= is part of it (psycopg's transaction() on such a connection
+# with none open would commit a transaction of its own at the end of the block).
+BEGIN_IMPLICIT = "SELECT"
+
+
+def joins_implicit_transaction(autocommit: bool, status: pq.TransactionStatus) -> bool:
+    """Whether a call given this connection must first open the transaction its caller's
+    next statement would have begun, to make itself a savepoint in it."""
+    return not autocommit and status == pq.TransactionStatus.IDLE
 
 
 def _scalar(rows: list[Row]) -> Any:
@@ -267,11 +281,24 @@ def defer(id_: int, num_attempts: int, *, dequeue_at: datetime | None, delay: ti
         _settle_status)
 
 
-def heartbeat(id_: int, num_attempts: int, lock: timedelta) -> Call[SettleStatus]:
-    return Call(
-        "SELECT fairq.message_heartbeat(p_id => %(id)s, p_num_attempts => %(n)s,"
-        " p_lock_ms => %(lock_ms)s)",
-        {"id": id_, "n": num_attempts, "lock_ms": milliseconds(lock)}, _settle_status)
+def heartbeat(id_: int, num_attempts: int, lock: timedelta,
+              lock_wait: timedelta | None = None) -> Call[SettleStatus]:
+    """With ``lock_wait``, the statement waits no longer than that for the message's row
+    while another transaction holds it (one settling the message), then fails with
+    ``lock_not_available`` and changes nothing: ``lock_timeout`` is set for this
+    statement's transaction first (a materialized CTE is scanned before the row it
+    feeds is projected)."""
+    params = {"id": id_, "n": num_attempts, "lock_ms": milliseconds(lock)}
+    beat = ("SELECT fairq.message_heartbeat(p_id => %(id)s, p_num_attempts => %(n)s,"
+            " p_lock_ms => %(lock_ms)s)")
+    if lock_wait is None:
+        return Call(beat, params, _settle_status)
+    if lock_wait <= timedelta(0):
+        raise ValueError(f"lock_wait must be positive, got {lock_wait}")
+    return Call("WITH waiting AS MATERIALIZED"
+                " (SELECT set_config('lock_timeout', %(wait)s, true))"
+                f" {beat} FROM waiting",
+                {**params, "wait": f"{milliseconds(lock_wait)}ms"}, _settle_status)
 
 
 def fail(id_: int, num_attempts: int, error: str | None) -> Call[SettleStatus]:

@@ -26,6 +26,7 @@ from fairq.types import CreateStatus, ReceivedMessage, SettleStatus
 __all__ = [
     "DEFAULT_QUEUE",
     "HAND_BACK",
+    "HEARTBEAT_LOCK_WAIT",
     "STOPPING",
     "SUCCESS",
     "Backoff",
@@ -41,9 +42,11 @@ __all__ = [
     "refuse_awaitable",
     "report_hand_back",
     "report_heartbeat",
+    "report_heartbeat_held",
     "report_settlement",
     "report_tick",
     "stops_worker",
+    "unreadable_driver",
     "wakes",
 ]
 
@@ -99,6 +102,14 @@ class Options:
     def heartbeat_interval(self) -> timedelta:
         """Three heartbeats per lock: two may fail (a slow database) before it lapses."""
         return self.lock / 3
+
+
+# How long one heartbeat waits for its message's row. Only a transaction settling the
+# message holds it, normally for milliseconds; one held longer is a handler's own
+# transaction that settled the message and has not committed (the heartbeat can wait
+# for the next round). Heartbeats run one after another, so waiting for such a row
+# held every other message's heartbeat up until their locks lapsed.
+HEARTBEAT_LOCK_WAIT = timedelta(milliseconds=100)
 
 
 def queue_name(queue: object) -> str:
@@ -372,6 +383,11 @@ def report_settlement(message: ReceivedMessage[Any], settlement: Settlement,
                     settlement.outcome.value, status.value)
 
 
+def report_heartbeat_held(message: ReceivedMessage[Any]) -> None:
+    log.debug("message %s (attempt %s): its row is held by a transaction settling it;"
+              " heartbeat skipped this round", message.id, message.num_attempts)
+
+
 def report_heartbeat(message: ReceivedMessage[Any], status: SettleStatus) -> None:
     if status is not SettleStatus.HEARTBEATED:
         log.warning("message %s (attempt %s): lock lost while its handler runs (%s)",
@@ -379,8 +395,19 @@ def report_heartbeat(message: ReceivedMessage[Any], status: SettleStatus) -> Non
 
 
 def report_hand_back(message: ReceivedMessage[Any], status: SettleStatus) -> None:
-    log.warning("message %s still running after the grace period: handed back (%s)",
-                message.id, status.value)
+    log.warning("message %s handed back as the worker stops (%s)", message.id, status.value)
+
+
+def unreadable_driver(message: ReceivedMessage[Any], exc: Exception,
+                      options: Options) -> Settlement:
+    """A message on the periodic channel that is not a schedule this worker can read
+    (another application's message on that channel, or a driver written by a newer
+    version): deferred with back-off, never dead-lettered — a driver's attempt count
+    grows by one per tick, so the worker's max_attempts says nothing about it, and a
+    newer worker may read it."""
+    delay = options.backoff.delay(message.num_attempts)
+    log.error("%s (channel %s); deferred by %.1fs", exc, message.channel, delay.total_seconds())
+    return Settlement(SettleStatus.DEFERRED, delay=delay)
 
 
 def report_tick(result: TickResult) -> None:

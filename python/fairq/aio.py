@@ -240,8 +240,10 @@ class AsyncQueue(Generic[T]):
                                           dequeue_at=dequeue_at, delay=delay, state=state), conn)
 
     async def heartbeat(self, message: ReceivedMessage[T], lock: timedelta, *,
+                        lock_wait: timedelta | None = None,
                         conn: AsyncConnection | None = None) -> SettleStatus:
-        return await self._run(_sql.heartbeat(message.id, message.num_attempts, lock), conn)
+        return await self._run(_sql.heartbeat(message.id, message.num_attempts, lock, lock_wait),
+                               conn)
 
     async def fail(self, message: ReceivedMessage[T], error: str | None = None, *,
                    conn: AsyncConnection | None = None) -> SettleStatus:
@@ -261,11 +263,14 @@ class AsyncQueue(Generic[T]):
 
     @asynccontextmanager
     async def _atomic(self, conn: AsyncConnection | None) -> AsyncIterator[AsyncConnection]:
-        """A transaction on ``conn`` (a savepoint if one is open there) or of our own."""
+        """A savepoint in the caller's transaction on ``conn``, or a transaction of our
+        own."""
         if conn is None:
             async with self.transaction() as own:
                 yield own
         else:
+            if _sql.joins_implicit_transaction(conn.autocommit, conn.info.transaction_status):
+                await conn.execute(_sql.BEGIN_IMPLICIT)
             async with conn.transaction():
                 yield conn
 

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 
-from fairq import _sql, _work, periodic
+from fairq import _sql, _timestamps, _work, periodic
 from fairq._source import side_conninfo
 from fairq._work import Backoff, Settlement
 from fairq.aio import AsyncQueue
@@ -71,6 +71,9 @@ class AsyncWorker(Generic[T]):
         self._wake = asyncio.Event()
         # by _work.delivery
         self._running: dict[tuple[int, int], tuple[AsyncMessage[T], asyncio.Task[None]]] = {}
+        # The deliveries whose tasks _drain cancels: a CancelledError from any other
+        # handler is the handler's own failure.
+        self._handed_back: set[tuple[int, int]] = set()
 
     # -- control --------------------------------------------------------------------
 
@@ -164,7 +167,7 @@ class AsyncWorker(Generic[T]):
             # wait below instead of being lost.
             self._wake.clear()
             try:
-                messages = await self.queue.dequeue(self.options.lock, free)
+                messages = await self._dequeue(free)
             except psycopg.Error:
                 log.exception("dequeue failed; retrying in %s", self.options.poll_interval)
                 await self._wait(self.options.poll_interval)
@@ -181,6 +184,19 @@ class AsyncWorker(Generic[T]):
                 self._doorbell.took_work()
             if await self._may_sleep():
                 await self._wait(self._wakeups.idle_timeout(datetime.now(timezone.utc)))
+
+    async def _dequeue(self, free: int) -> list[AsyncMessage[T]]:
+        """The dequeue, shielded: a cancellation of run() that arrives once the server
+        may have answered (psycopg reads a committed answer before it raises) takes the
+        messages anyway and hands them back, instead of leaving them locked until their
+        lock expires."""
+        call = asyncio.ensure_future(self.queue.dequeue(self.options.lock, free))
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            with contextlib.suppress(psycopg.Error):
+                await self._hand_back(await call)
+            raise
 
     async def _may_sleep(self) -> bool:
         """With the doorbell: hold it and hear "quiet" before sleeping (False: look
@@ -204,6 +220,9 @@ class AsyncWorker(Generic[T]):
                 assert self.queue.conninfo is not None  # as the doorbell's creation checked
                 self._doorbell_conn = await psycopg.AsyncConnection.connect(
                     side_conninfo(self.queue.conninfo), autocommit=True)
+                # Its answer's next_turn_at is 'infinity' (or the year 10000) while a
+                # channel is paused until resumed.
+                _timestamps.register(self._doorbell_conn)
             cursor = await self._doorbell_conn.execute(call.query, call.params)
             return call.decode(await cursor.fetchall())
         except psycopg.Error as exc:
@@ -238,17 +257,26 @@ class AsyncWorker(Generic[T]):
 
     async def _process(self, message: AsyncMessage[T]) -> None:
         try:
-            if message.channel == periodic.PERIODIC_CHANNEL:
-                _work.report_tick(await self.queue.periodic_tick(message))
-                return
             stopping = False
-            try:
-                await self.handler(message)
-            except (Exception, *_work.STOPPING) as exc:  # not CancelledError: that is ours
-                settlement = _work.after_failure(message, exc, self.options)
-                stopping = _work.stops_worker(exc)
+            if message.channel == periodic.PERIODIC_CHANNEL:
+                try:
+                    _work.report_tick(await self.queue.periodic_tick(message))
+                    return
+                except periodic.Unreadable as exc:
+                    settlement = _work.unreadable_driver(message, exc, self.options)
             else:
-                settlement = _work.SUCCESS
+                try:
+                    await self.handler(message)
+                except asyncio.CancelledError as exc:
+                    if _work.delivery(message) in self._handed_back:
+                        raise  # ours: _drain handed the message back
+                    # The handler's own (it awaited something cancelled elsewhere).
+                    settlement = _work.after_failure(message, exc, self.options)
+                except (Exception, *_work.STOPPING) as exc:
+                    settlement = _work.after_failure(message, exc, self.options)
+                    stopping = _work.stops_worker(exc)
+                else:
+                    settlement = _work.SUCCESS
             _work.report_settlement(message, settlement, await settle(message, settlement))
             if stopping:
                 self.stop()
@@ -266,7 +294,11 @@ class AsyncWorker(Generic[T]):
             await asyncio.sleep(interval)
             for message, _ in list(self._running.values()):
                 try:
-                    status = await message.heartbeat(self.options.lock)
+                    status = await message.heartbeat(self.options.lock,
+                                                     lock_wait=_work.HEARTBEAT_LOCK_WAIT)
+                except psycopg.errors.LockNotAvailable:
+                    _work.report_heartbeat_held(message)
+                    continue
                 except psycopg.Error:
                     log.warning("message %s: heartbeat failed", message.id, exc_info=True)
                     continue
@@ -282,7 +314,15 @@ class AsyncWorker(Generic[T]):
         if tasks and grace > timedelta(0):
             await asyncio.wait(tasks, timeout=grace.total_seconds())
         left = list(self._running.values())
-        for message, _ in left:
+        self._handed_back.update(_work.delivery(message) for message, _ in left)
+        await self._hand_back([message for message, _ in left])
+        for _, task in left:
+            task.cancel()
+        await asyncio.gather(*(task for _, task in left), return_exceptions=True)
+        self._handed_back.clear()
+
+    async def _hand_back(self, messages: list[AsyncMessage[T]]) -> None:
+        for message in messages:
             try:
                 status = await settle(message, _work.HAND_BACK)
             except psycopg.Error:
@@ -290,9 +330,6 @@ class AsyncWorker(Generic[T]):
                               message.id)
                 continue
             _work.report_hand_back(message, status)
-        for _, task in left:
-            task.cancel()
-        await asyncio.gather(*(task for _, task in left), return_exceptions=True)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

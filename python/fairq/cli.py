@@ -32,7 +32,7 @@ from fairq.codecs import BytesCodec, Codec, JsonCodec, TextCodec
 from fairq.doctor import Verdict, diagnose
 from fairq.install import InstallError, Scripts, install, upgrade
 from fairq.queue import Queue
-from fairq.types import ChannelStats, QueueStats, RetryStatus
+from fairq.types import ChannelStats, CreateStatus, QueueStats, RetryStatus
 from fairq.worker import Worker
 
 __all__ = ["main"]
@@ -311,6 +311,8 @@ def _run(args: argparse.Namespace) -> None:
             result = queue.send(args.channel, content, delay=args.delay, priority=args.priority,
                                 dedup_key=args.dedup_key)
             print(f"{result.status.value} {result.id if result.id is not None else '-'}")
+            if result.status is CreateStatus.DROPPED:
+                raise _Failed(f"channel {args.channel} is full (max_size): nothing was stored")
         elif args.command == "doctor":
             findings = diagnose(conn, invariants=args.invariants,
                                 max_transaction_age=args.max_transaction_age)

@@ -36,7 +36,8 @@ from cronsim import CronSim, CronSimError
 from fairq import _sql
 from fairq.types import CreateResult, ReceivedMessage, SettleStatus, require_aware
 
-__all__ = ["PERIODIC_CHANNEL", "Refused", "Schedule", "Tick", "TickResult", "schedule", "tick"]
+__all__ = ["PERIODIC_CHANNEL", "Refused", "Schedule", "Tick", "TickResult", "Unreadable",
+           "schedule", "tick"]
 
 PERIODIC_CHANNEL = "fairq.periodic"
 UTC = timezone.utc
@@ -150,6 +151,11 @@ class TickResult:
     work: CreateResult | None
 
 
+class Unreadable(ValueError):
+    """The message handed to a tick is not a schedule this version can run: another
+    application's message on the periodic channel, or a driver from a newer version."""
+
+
 class Refused(Exception):
     """Raised inside a tick's transaction to roll it back: the driver was not ours."""
 
@@ -185,9 +191,13 @@ def tick(driver: ReceivedMessage[Any], now: datetime, queue: str) -> Tick:
     """The tick a driver received from ``queue`` stands for. Ticks missed while no
     worker ran are not replayed: the next one is the schedule's first tick after
     ``now``."""
-    sched = Schedule.decode(driver.raw)
     due_at = driver.dequeue_at
-    next_at = sched.next_after(due_at, now)
+    try:
+        sched = Schedule.decode(driver.raw)
+        next_at = sched.next_after(due_at, now)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # what bad JSON raises
+        raise Unreadable(f"message {driver.id} is not a schedule: {type(exc).__name__}: {exc}") \
+            from exc
     # Keyed by tick, so the same tick never has two work messages pending at once. The
     # driver's id, not the name, keeps the key short whatever the name's length. In UTC:
     # the due time comes in the session's time zone, and two workers in two zones that

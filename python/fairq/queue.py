@@ -246,9 +246,13 @@ class Queue(Generic[T]):
                                     delay=delay, state=state), conn)
 
     def heartbeat(self, message: ReceivedMessage[T], lock: timedelta, *,
+                  lock_wait: timedelta | None = None,
                   conn: Connection | None = None) -> SettleStatus:
-        """Extends the message's lock to now + ``lock`` (never shortens it)."""
-        return self._run(_sql.heartbeat(message.id, message.num_attempts, lock), conn)
+        """Extends the message's lock to now + ``lock`` (never shortens it). With
+        ``lock_wait``, waits at most that long while another transaction holds the
+        message's row (one settling it) and then raises
+        ``psycopg.errors.LockNotAvailable``, changing nothing."""
+        return self._run(_sql.heartbeat(message.id, message.num_attempts, lock, lock_wait), conn)
 
     def fail(self, message: ReceivedMessage[T], error: str | None = None, *,
              conn: Connection | None = None) -> SettleStatus:
@@ -273,11 +277,14 @@ class Queue(Generic[T]):
 
     @contextmanager
     def _atomic(self, conn: Connection | None) -> Iterator[Connection]:
-        """A transaction on ``conn`` (a savepoint if one is open there) or of our own."""
+        """A savepoint in the caller's transaction on ``conn``, or a transaction of our
+        own."""
         if conn is None:
             with self.transaction() as own:
                 yield own
         else:
+            if _sql.joins_implicit_transaction(conn.autocommit, conn.info.transaction_status):
+                conn.execute(_sql.BEGIN_IMPLICIT)
             with conn.transaction():
                 yield conn
 

@@ -235,9 +235,9 @@ class Message(ReceivedMessage[T]):
               conn: psycopg.Connection[Any] | None = None) -> SettleStatus:
         return self.queue.defer(self, dequeue_at, delay=delay, state=state, conn=conn)
 
-    def heartbeat(self, lock: timedelta, *,
+    def heartbeat(self, lock: timedelta, *, lock_wait: timedelta | None = None,
                   conn: psycopg.Connection[Any] | None = None) -> SettleStatus:
-        return self.queue.heartbeat(self, lock, conn=conn)
+        return self.queue.heartbeat(self, lock, lock_wait=lock_wait, conn=conn)
 
     def fail(self, error: str | None = None, *,
              conn: psycopg.Connection[Any] | None = None) -> SettleStatus:
@@ -259,9 +259,9 @@ class AsyncMessage(ReceivedMessage[T]):
                     conn: psycopg.AsyncConnection[Any] | None = None) -> SettleStatus:
         return await self.queue.defer(self, dequeue_at, delay=delay, state=state, conn=conn)
 
-    async def heartbeat(self, lock: timedelta, *,
+    async def heartbeat(self, lock: timedelta, *, lock_wait: timedelta | None = None,
                         conn: psycopg.AsyncConnection[Any] | None = None) -> SettleStatus:
-        return await self.queue.heartbeat(self, lock, conn=conn)
+        return await self.queue.heartbeat(self, lock, lock_wait=lock_wait, conn=conn)
 
     async def fail(self, error: str | None = None, *,
                    conn: psycopg.AsyncConnection[Any] | None = None) -> SettleStatus:

@@ -34,7 +34,7 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 
-from fairq import _sql, _work, periodic
+from fairq import _sql, _timestamps, _work, periodic
 from fairq._source import side_conninfo
 from fairq._work import Backoff, Settlement
 from fairq.queue import Queue
@@ -195,6 +195,9 @@ class Worker(Generic[T]):
                 assert self.queue.conninfo is not None  # as the doorbell's creation checked
                 self._doorbell_conn = psycopg.connect(side_conninfo(self.queue.conninfo),
                                                       autocommit=True)
+                # Its answer's next_turn_at is 'infinity' (or the year 10000) while a
+                # channel is paused until resumed.
+                _timestamps.register(self._doorbell_conn)
             return call.decode(self._doorbell_conn.execute(call.query, call.params).fetchall())
         except psycopg.Error as exc:
             if self._doorbell_conn is not None:
@@ -239,17 +242,21 @@ class Worker(Generic[T]):
                 self._wake.set()
 
     def _process(self, message: Message[T]) -> None:
-        if message.channel == periodic.PERIODIC_CHANNEL:
-            _work.report_tick(self.queue.periodic_tick(message))
-            return
         stopping = False
-        try:
-            _work.refuse_awaitable(self.handler(message))
-        except BaseException as exc:  # a handler thread must outlive whatever it raises
-            settlement = _work.after_failure(message, exc, self.options)
-            stopping = _work.stops_worker(exc)
+        if message.channel == periodic.PERIODIC_CHANNEL:
+            try:
+                _work.report_tick(self.queue.periodic_tick(message))
+                return
+            except periodic.Unreadable as exc:
+                settlement = _work.unreadable_driver(message, exc, self.options)
         else:
-            settlement = _work.SUCCESS
+            try:
+                _work.refuse_awaitable(self.handler(message))
+            except BaseException as exc:  # a handler thread must outlive whatever it raises
+                settlement = _work.after_failure(message, exc, self.options)
+                stopping = _work.stops_worker(exc)
+            else:
+                settlement = _work.SUCCESS
         _work.report_settlement(message, settlement, settle(message, settlement))
         if stopping:
             self.stop()
@@ -261,7 +268,11 @@ class Worker(Generic[T]):
                 running = list(self._in_flight.values())
             for message in running:
                 try:
-                    status = message.heartbeat(self.options.lock)
+                    status = message.heartbeat(self.options.lock,
+                                               lock_wait=_work.HEARTBEAT_LOCK_WAIT)
+                except psycopg.errors.LockNotAvailable:
+                    _work.report_heartbeat_held(message)
+                    continue
                 except psycopg.Error:
                     log.warning("message %s: heartbeat failed", message.id, exc_info=True)
                     continue
