@@ -164,12 +164,15 @@ $$;
 -- for a future one. With no eligible channel, the channel of the oldest due wake is
 -- waited for: another dequeue may be applying that wake. Not past p_until: a channel
 -- held longer is held by a user transaction, and the honest answer is then "nothing
--- available". True when the caller should pick again.
+-- available". True when the caller should pick again. (lock_timeout takes at most
+-- 2^31 - 1 ms: a longer fairq.dequeue_busy_wait, which may be up to 1,000 years,
+-- waits that long, about 24.8 days; 0.7.31 failed with lock_timeout's error.)
 CREATE FUNCTION fairq.wait_for_release(p_queue_id integer, p_until timestamptz) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_wait_ms bigint := ceil(extract(epoch FROM p_until - clock_timestamp()) * 1000);
+    v_wait_ms bigint := LEAST(ceil(extract(epoch FROM p_until - clock_timestamp()) * 1000),
+                              2147483647);
     v_first bigint := coalesce(
         (SELECT c.id FROM fairq.channel c
           WHERE c.queue_id = p_queue_id AND c.turn_at <= (SELECT fairq.clock())

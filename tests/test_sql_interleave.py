@@ -181,6 +181,21 @@ def test_two_dequeues_on_one_busy_channel_do_not_answer_empty(dsn: str, conn: Co
     assert len(got) == 1 and got[0].id != first[0].id
 
 
+@pytest.mark.parametrize("busy_wait", ["25 days", "1000 years"])
+def test_a_busy_wait_longer_than_lock_timeout_takes_still_waits(
+        dsn: str, conn: Conn, other: Conn, busy_wait: str) -> None:
+    """fairq.dequeue_busy_wait may be up to 1,000 years; PostgreSQL's lock_timeout,
+    which the wait sets, takes at most 2^31 - 1 ms (24.8 days). 0.7.31 failed such a
+    dequeue with lock_timeout's error instead of waiting."""
+    create_many(conn, ["only"] * 2)
+    with open_transaction(other):
+        assert len(dequeue(other)) == 1
+        second = Background(dsn, lambda c: (
+            c.execute(f"SET fairq.dequeue_busy_wait = '{busy_wait}'"), dequeue(c))[1])
+        assert second.waits_for(other)
+    assert len(second.join()) == 1
+
+
 def test_dequeue_does_not_hang_on_a_channel_held_by_a_long_transaction(
         dsn: str, conn: Conn, other: Conn) -> None:
     create_many(conn, ["only"] * 2)
