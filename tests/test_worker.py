@@ -276,6 +276,33 @@ def test_a_worker_runs_again_after_it_returned(queue: Queue[bytes], dsn: str) ->
     assert handled == [b"first", b"second"]
 
 
+def test_a_worker_runs_again_beside_a_handler_it_handed_back(queue: Queue[bytes]) -> None:
+    """A handler that outlived the grace period runs on after run() returned; its
+    message was handed back and is no longer the worker's. 0.7.31 still counted it in
+    flight, so run() again took nothing while it ran (and heartbeated it), and the
+    end-of-run signal left for its thread ended the next run's thread instead."""
+    release, started = threading.Event(), threading.Event()
+    handled: list[bytes] = []
+
+    def handler(message: Message[bytes]) -> None:
+        if message.num_attempts == 1 and message.content == b"long":
+            started.set()
+            release.wait(120)  # (longer than the failure net below)
+        handled.append(message.content)
+
+    worker = Worker(queue, handler, poll_interval=timedelta(milliseconds=200),
+                    grace_period=timedelta(0))
+    queue.send("a", b"long")
+    try:
+        with running(worker):
+            assert started.wait(60)
+        queue.send("b", b"next")
+        with running(worker):
+            eventually(lambda: b"next" in handled, timeout=30)
+    finally:
+        release.set()
+
+
 def test_failures_back_off_then_give_up(queue: Queue[bytes]) -> None:
     sent = queue.send("flaky", b"job")
     calls: list[tuple[int, float]] = []

@@ -78,7 +78,9 @@ class Worker(Generic[T]):
         self._wake = threading.Event()
         self._in_flight: dict[tuple[int, int], Message[T]] = {}  # by _work.delivery
         self._in_flight_changed = threading.Condition()
-        # Messages for the handler threads; None tells one of them to end.
+        # Messages for this run's handler threads; None tells one of them to end. A
+        # queue per run: a handler still running from a run that returned takes its
+        # None later, and a None left for it must not end a thread of the next run.
         self._todo: stdqueue.SimpleQueue[Message[T] | None] = stdqueue.SimpleQueue()
 
     # -- control --------------------------------------------------------------------
@@ -94,7 +96,8 @@ class Worker(Generic[T]):
         makes it return at once."""
         self._finished.clear()
         restore = self._install_signal_handlers()
-        threads = [threading.Thread(target=self._handler_loop, daemon=True,
+        todo = self._todo = stdqueue.SimpleQueue()
+        threads = [threading.Thread(target=self._handler_loop, args=(todo,), daemon=True,
                                     name=f"fairq-handler-{i}")
                    for i in range(self.options.concurrency)]
         threads.append(threading.Thread(target=self._heartbeat_loop, daemon=True,
@@ -113,7 +116,7 @@ class Worker(Generic[T]):
             self._finished.set()
             for thread in threads:
                 if thread.name.startswith("fairq-handler"):
-                    self._todo.put(None)
+                    todo.put(None)
             restore()
             if self._doorbell_conn is not None:
                 self._doorbell_conn.close()  # lets go of the doorbell
@@ -227,8 +230,12 @@ class Worker(Generic[T]):
 
     # -- doing work -----------------------------------------------------------------
 
-    def _handler_loop(self) -> None:
-        while (message := self._todo.get()) is not None:
+    def _handler_loop(self, todo: stdqueue.SimpleQueue[Message[T] | None]) -> None:
+        while (message := todo.get()) is not None:
+            with self._in_flight_changed:
+                handed_back = _work.delivery(message) not in self._in_flight
+            if handed_back:  # by _drain, before a thread took it: not ours any more
+                continue
             try:
                 self._process(message)
             except Exception:
@@ -290,6 +297,9 @@ class Worker(Generic[T]):
             while self._in_flight and time.monotonic() < deadline:
                 self._in_flight_changed.wait(deadline - time.monotonic())
             left = list(self._in_flight.values())
+            # No longer this worker's: not heartbeated, not started if still waiting
+            # for a thread, and no slot taken when run() is called again.
+            self._in_flight.clear()
         for message in left:
             try:
                 status = settle(message, _work.HAND_BACK)
