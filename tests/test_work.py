@@ -139,7 +139,8 @@ def test_backoff_doubles_up_to_its_cap_with_equal_jitter() -> None:
 
 
 @pytest.mark.parametrize("bad", [
-    {"concurrency": 0}, {"lock": timedelta(0)}, {"max_attempts": 0},
+    {"concurrency": 0}, {"lock": timedelta(0)}, {"lock": timedelta(days=3651)},
+    {"max_attempts": 0},
     {"poll_interval": timedelta(0)}, {"grace_period": timedelta(seconds=-1)},
 ])
 def test_options_refuse_what_cannot_work(bad: dict[str, Any]) -> None:

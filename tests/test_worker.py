@@ -357,6 +357,23 @@ def test_a_stale_message_is_not_completed(queue: Queue[bytes], dsn: str,
     assert sent.id is not None
 
 
+def test_a_handler_that_settles_its_own_message_is_no_lost_lock(
+        queue: Queue[bytes], caplog: pytest.LogCaptureFixture) -> None:
+    """A handler may settle its message itself (defer it to go on later): the worker's
+    own completion then answers STALE, which 0.7.31 logged as a lost lock."""
+    queue.send("s", b"job")
+
+    def handler(message: Message[bytes]) -> None:
+        assert message.defer(delay=timedelta(hours=1)) is SettleStatus.DEFERRED
+
+    with caplog.at_level(logging.DEBUG, logger="fairq.worker"), \
+            running(Worker(queue, handler, **FAST)):
+        eventually(lambda: "its handler settled it (deferred)" in caplog.text)
+    assert "lock lost" not in caplog.text
+    [stats] = queue.channels("s")
+    assert (stats.scheduled, stats.in_flight) == (1, 0)
+
+
 def test_concurrency_runs_handlers_in_parallel(queue: Queue[bytes], dsn: str) -> None:
     queue.send_many([NewMessage(f"c{i}", b"job") for i in range(4)])
     running_now: list[int] = []

@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_QUEUE",
     "HAND_BACK",
     "HEARTBEAT_LOCK_WAIT",
+    "MAX_LOCK",
     "STOPPING",
     "SUCCESS",
     "Backoff",
@@ -74,6 +75,10 @@ class Backoff:
         return ceiling / 2 + ceiling / 2 * random.random()
 
 
+# The longest duration the SQL takes (fairq.max_duration_ms(): ten years of 365 days).
+MAX_LOCK = timedelta(milliseconds=315_360_000_000)
+
+
 @dataclass(frozen=True)
 class Options:
     """A worker's settings (see the ``Worker`` documentation), checked once."""
@@ -89,8 +94,10 @@ class Options:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
-        if self.lock <= timedelta(0):
-            raise ValueError(f"lock must be positive, got {self.lock}")
+        if not timedelta(0) < self.lock <= MAX_LOCK:
+            # (Past the SQL's limit, every dequeue would fail, and the worker only log it.)
+            raise ValueError(f"lock must be positive and at most {MAX_LOCK.days} days"
+                             f" (fairq.max_duration_ms()), got {self.lock}")
         if self.max_attempts is not None and self.max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1 or None, got {self.max_attempts}")
         if self.poll_interval <= timedelta(0):
@@ -376,8 +383,15 @@ def after_failure(message: ReceivedMessage[Any], exc: BaseException,
 def report_settlement(message: ReceivedMessage[Any], settlement: Settlement,
                       status: SettleStatus) -> None:
     """Settlements are fenced: STALE (or NOT_FOUND) means the lock was lost and nothing
-    changed; the message's new holder decides its fate."""
-    if status is not settlement.outcome:
+    changed; the message's new holder decides its fate. Unless its handler settled it
+    itself (a documented pattern): then nothing was lost."""
+    if status is settlement.outcome:
+        return
+    if message.settled_by_holder:
+        log.debug("message %s (attempt %s): its handler settled it (%s); the worker's %s"
+                  " answered %s", message.id, message.num_attempts,
+                  message.settled_by_holder[-1].value, settlement.outcome.value, status.value)
+    else:
         log.warning("message %s (attempt %s): lock lost before it could be %s (%s); "
                     "its new holder decides its fate", message.id, message.num_attempts,
                     settlement.outcome.value, status.value)
@@ -389,7 +403,7 @@ def report_heartbeat_held(message: ReceivedMessage[Any]) -> None:
 
 
 def report_heartbeat(message: ReceivedMessage[Any], status: SettleStatus) -> None:
-    if status is not SettleStatus.HEARTBEATED:
+    if status is not SettleStatus.HEARTBEATED and not message.settled_by_holder:
         log.warning("message %s (attempt %s): lock lost while its handler runs (%s)",
                     message.id, message.num_attempts, status.value)
 

@@ -38,11 +38,12 @@ log = _work.log
 
 async def settle(message: AsyncMessage[T], settlement: Settlement) -> SettleStatus:
     """Applies a settlement through the message's queue."""
+    # (Through the queue: the message's own methods record what its handler did.)
     if settlement.outcome is SettleStatus.COMPLETED:
-        return await message.complete()
+        return await message.queue.complete(message)
     if settlement.outcome is SettleStatus.DEAD:
-        return await message.fail(settlement.error)
-    return await message.defer(delay=settlement.delay)
+        return await message.queue.fail(message, settlement.error)
+    return await message.queue.defer(message, delay=settlement.delay)
 
 
 class AsyncWorker(Generic[T]):
@@ -294,7 +295,7 @@ class AsyncWorker(Generic[T]):
             await asyncio.sleep(interval)
             for message, _ in list(self._running.values()):
                 try:
-                    status = await message.heartbeat(self.options.lock,
+                    status = await self.queue.heartbeat(message, self.options.lock,
                                                      lock_wait=_work.HEARTBEAT_LOCK_WAIT)
                 except psycopg.errors.LockNotAvailable:
                     _work.report_heartbeat_held(message)

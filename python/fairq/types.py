@@ -215,10 +215,19 @@ class ReceivedMessage(Generic[T]):
     dequeue_at: datetime
     recovered: bool
     codec: Codec[T] = field(repr=False, compare=False, kw_only=True)
+    # What the message's own methods settled it as (complete, defer, fail), so a worker
+    # whose handler settled it knows its own STALE answers for no lost lock.
+    settled_by_holder: list[SettleStatus] = field(default_factory=list, init=False,
+                                                  repr=False, compare=False)
 
     @cached_property
     def content(self) -> T:
         return self.codec.decode(self.raw)
+
+    def _settled(self, status: SettleStatus, success: SettleStatus) -> SettleStatus:
+        if status is success:
+            self.settled_by_holder.append(status)
+        return status
 
 
 @dataclass(frozen=True)
@@ -228,12 +237,13 @@ class Message(ReceivedMessage[T]):
     queue: Queue[T] = field(repr=False, compare=False, kw_only=True)
 
     def complete(self, *, conn: psycopg.Connection[Any] | None = None) -> SettleStatus:
-        return self.queue.complete(self, conn=conn)
+        return self._settled(self.queue.complete(self, conn=conn), SettleStatus.COMPLETED)
 
     def defer(self, dequeue_at: datetime | None = None, *, delay: timedelta | None = None,
               state: bytes | None = None,
               conn: psycopg.Connection[Any] | None = None) -> SettleStatus:
-        return self.queue.defer(self, dequeue_at, delay=delay, state=state, conn=conn)
+        return self._settled(self.queue.defer(self, dequeue_at, delay=delay, state=state,
+                                              conn=conn), SettleStatus.DEFERRED)
 
     def heartbeat(self, lock: timedelta, *, lock_wait: timedelta | None = None,
                   conn: psycopg.Connection[Any] | None = None) -> SettleStatus:
@@ -241,7 +251,7 @@ class Message(ReceivedMessage[T]):
 
     def fail(self, error: str | None = None, *,
              conn: psycopg.Connection[Any] | None = None) -> SettleStatus:
-        return self.queue.fail(self, error, conn=conn)
+        return self._settled(self.queue.fail(self, error, conn=conn), SettleStatus.DEAD)
 
 
 @dataclass(frozen=True)
@@ -252,12 +262,13 @@ class AsyncMessage(ReceivedMessage[T]):
 
     async def complete(self, *,
                        conn: psycopg.AsyncConnection[Any] | None = None) -> SettleStatus:
-        return await self.queue.complete(self, conn=conn)
+        return self._settled(await self.queue.complete(self, conn=conn), SettleStatus.COMPLETED)
 
     async def defer(self, dequeue_at: datetime | None = None, *,
                     delay: timedelta | None = None, state: bytes | None = None,
                     conn: psycopg.AsyncConnection[Any] | None = None) -> SettleStatus:
-        return await self.queue.defer(self, dequeue_at, delay=delay, state=state, conn=conn)
+        return self._settled(await self.queue.defer(self, dequeue_at, delay=delay, state=state,
+                                                    conn=conn), SettleStatus.DEFERRED)
 
     async def heartbeat(self, lock: timedelta, *, lock_wait: timedelta | None = None,
                         conn: psycopg.AsyncConnection[Any] | None = None) -> SettleStatus:
@@ -265,4 +276,4 @@ class AsyncMessage(ReceivedMessage[T]):
 
     async def fail(self, error: str | None = None, *,
                    conn: psycopg.AsyncConnection[Any] | None = None) -> SettleStatus:
-        return await self.queue.fail(self, error, conn=conn)
+        return self._settled(await self.queue.fail(self, error, conn=conn), SettleStatus.DEAD)

@@ -49,11 +49,12 @@ log = _work.log
 
 def settle(message: Message[T], settlement: Settlement) -> SettleStatus:
     """Applies a settlement through the message's queue."""
+    # (Through the queue: the message's own methods record what its handler did.)
     if settlement.outcome is SettleStatus.COMPLETED:
-        return message.complete()
+        return message.queue.complete(message)
     if settlement.outcome is SettleStatus.DEAD:
-        return message.fail(settlement.error)
-    return message.defer(delay=settlement.delay)
+        return message.queue.fail(message, settlement.error)
+    return message.queue.defer(message, delay=settlement.delay)
 
 
 class Worker(Generic[T]):
@@ -275,7 +276,7 @@ class Worker(Generic[T]):
                 running = list(self._in_flight.values())
             for message in running:
                 try:
-                    status = message.heartbeat(self.options.lock,
+                    status = self.queue.heartbeat(message, self.options.lock,
                                                lock_wait=_work.HEARTBEAT_LOCK_WAIT)
                 except psycopg.errors.LockNotAvailable:
                     _work.report_heartbeat_held(message)
