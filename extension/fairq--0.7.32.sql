@@ -2295,6 +2295,12 @@ $$;
 -- that, everything taken here is let go and the kinds are taken the other way round.
 -- A transaction that needs the lock held here then waits at most that long, and a
 -- holder that needs nothing more is waited for in full, in the next round.
+-- The channel's row is a third thing such a transaction may hold (its settlement
+-- wrote it) before it produces on the channel: each round first waits out the row's
+-- holder while holding nothing, and once the first kind is held, every wait for the
+-- row (the insert's unique check, the row lock) is the second kind's. (0.7.31 waited
+-- for the row holding the producer lock: with a worker that deferred, failed or
+-- completed a capped channel's message and then produced on it, that deadlocked.)
 CREATE FUNCTION fairq.second_lock_wait() RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT interval '50 milliseconds' $$;
@@ -2314,10 +2320,18 @@ DECLARE
     v_waiting_for_second boolean;
     v_channel_id bigint;  -- the row whose policy lock this round holds
     v_row_id bigint;      -- the row there is under the producer lock
+    v_channel fairq.channel;
 BEGIN
     LOOP
         v_waiting_for_second := false;
         v_channel_id := NULL;
+        BEGIN
+            PERFORM FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = p_channel
+               FOR NO KEY UPDATE;
+            RAISE EXCEPTION USING ERRCODE = 'FQ001';  -- lets go of the row at once
+        EXCEPTION WHEN SQLSTATE 'FQ001' THEN
+            NULL;
+        END;
         BEGIN  -- a subtransaction: its rollback lets go of the locks taken in it
             IF v_policy_first THEN
                 -- (A channel not made yet has nothing in flight: no completion to wait for.)
@@ -2331,6 +2345,8 @@ BEGIN
             PERFORM set_config('lock_timeout', v_second_lock_timeout, true) WHERE v_policy_first;
             PERFORM pg_advisory_xact_lock(fairq.producer_lock_class(), fairq.producer_lock_key(p_queue_id, p_channel));
             PERFORM pg_advisory_xact_lock(fairq.bulk_producer_lock_class(), p_queue_id);
+            v_waiting_for_second := true;
+            PERFORM set_config('lock_timeout', v_second_lock_timeout, true);
             INSERT INTO fairq.channel (queue_id, name) VALUES (p_queue_id, p_channel)
             ON CONFLICT (queue_id, name) DO NOTHING;
             v_row_id := (SELECT c.id FROM fairq.channel c
@@ -2339,13 +2355,12 @@ BEGIN
                 -- Policy second, or the channel was collected (or made) before the
                 -- producer lock kept it: its row now is the one to lock.
                 v_channel_id := v_row_id;
-                v_waiting_for_second := true;
-                PERFORM set_config('lock_timeout', v_second_lock_timeout, true);
                 PERFORM pg_advisory_xact_lock(fairq.policy_lock_class(), fairq.policy_lock_key(v_channel_id));
                 PERFORM pg_advisory_xact_lock(fairq.bulk_policy_lock_class(), p_queue_id);
             END IF;
+            v_channel := fairq.channel_lock(v_channel_id);
             PERFORM set_config('lock_timeout', v_caller_lock_timeout, true);
-            RETURN fairq.channel_lock(v_channel_id);
+            RETURN v_channel;
         EXCEPTION WHEN lock_not_available THEN
             IF NOT v_waiting_for_second THEN
                 RAISE;
@@ -2703,9 +2718,11 @@ BEGIN
             v_ids[v_candidates[i]] := v_new_ids[i];
             v_statuses[v_candidates[i]] := 'created';
         ELSE
-            SELECT m.id INTO v_ids[v_candidates[i]] FROM fairq.message m
-             WHERE m.channel_id = v_channel_of[v_candidates[i]]
-               AND m.dedup_key = p_dedup_keys[v_candidates[i]];
+            -- (An assignment: plpgsql's INTO takes no subscripted target, and 0.7.31
+            -- failed here with 42804, "cannot subscript type bigint".)
+            v_ids[v_candidates[i]] := (SELECT m.id FROM fairq.message m
+                                        WHERE m.channel_id = v_channel_of[v_candidates[i]]
+                                          AND m.dedup_key = p_dedup_keys[v_candidates[i]]);
             v_statuses[v_candidates[i]] := 'duplicate';
             SELECT * INTO v_channel FROM fairq.channel WHERE id = v_channel_of[v_candidates[i]];
             PERFORM fairq.channel_resize(v_channel, -1, false);

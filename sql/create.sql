@@ -205,9 +205,11 @@ BEGIN
             v_ids[v_candidates[i]] := v_new_ids[i];
             v_statuses[v_candidates[i]] := 'created';
         ELSE
-            SELECT m.id INTO v_ids[v_candidates[i]] FROM fairq.message m
-             WHERE m.channel_id = v_channel_of[v_candidates[i]]
-               AND m.dedup_key = p_dedup_keys[v_candidates[i]];
+            -- (An assignment: plpgsql's INTO takes no subscripted target, and 0.7.31
+            -- failed here with 42804, "cannot subscript type bigint".)
+            v_ids[v_candidates[i]] := (SELECT m.id FROM fairq.message m
+                                        WHERE m.channel_id = v_channel_of[v_candidates[i]]
+                                          AND m.dedup_key = p_dedup_keys[v_candidates[i]]);
             v_statuses[v_candidates[i]] := 'duplicate';
             SELECT * INTO v_channel FROM fairq.channel WHERE id = v_channel_of[v_candidates[i]];
             PERFORM fairq.channel_resize(v_channel, -1, false);

@@ -181,6 +181,54 @@ def test_two_dequeues_on_one_busy_channel_do_not_answer_empty(dsn: str, conn: Co
     assert len(got) == 1 and got[0].id != first[0].id
 
 
+@pytest.mark.parametrize("path", ["batch", "bounded"])
+def test_a_dedup_key_a_concurrent_producer_commits_is_a_duplicate(
+        dsn: str, conn: Conn, other: Conn, path: str) -> None:
+    """Two producers with one dedup key: the second inserts while the first has not
+    committed, waits for it in ON CONFLICT, and must then answer duplicate with the
+    first's id. 0.7.31's batch path (and message_create on a bounded channel, which
+    takes it) failed there with 42804."""
+    create(conn, "c", b"seed")
+    if path == "bounded":
+        conn.execute("SELECT fairq.channel_set('c', p_max_size => 100)")
+    with open_transaction(other):
+        first, status = create(other, "c", b"first", dedup_key="k")
+        assert status == "created"
+        second = Background(dsn, lambda c: (
+            create_many(c, ["c"], dedup_keys=["k"]) if path == "batch"
+            else [(1, *create(c, "c", b"second", dedup_key="k"))]))
+        assert second.waits_for(other)
+    assert second.join() == [(1, first, "duplicate")]
+    assert problems(conn) == []
+
+
+@pytest.mark.parametrize(("settle", "admin"), [
+    ("defer", "channel_set('c', p_max_concurrency => 3)"),
+    ("fail", "channel_set('c', p_max_concurrency => 3)"),
+    ("complete", "channel_set('c', p_max_concurrency => 3)"),
+    ("complete", "channel_pause('c', fairq.clock() + interval '1 hour')"),
+    ("complete", "channel_clear('c')"),
+])
+def test_a_worker_that_settles_then_produces_does_not_deadlock_with_a_policy_change(
+        dsn: str, conn: Conn, other: Conn, settle: str, admin: str) -> None:
+    """A worker's transaction settles a message (which writes its channel's row: a
+    defer, a fail, a capped channel's completion) and then produces on that channel,
+    while a policy change of the channel waits for it. 0.7.31's policy change waited
+    for the row holding the channel's producer lock, and the two deadlocked."""
+    conn.execute("SELECT fairq.channel_set('c', p_max_concurrency => 2)")
+    create(conn, "c", b"m1")
+    held = dequeue_one(conn)
+    assert held is not None
+    with open_transaction(other):
+        assert call(other, f"message_{settle}", held.id, held.num_attempts) in {
+            "deferred", "dead", "completed"}
+        change = Background(dsn, lambda c: c.execute(f"SELECT fairq.{admin}").fetchall())
+        assert change.waits_for(other)
+        assert create(other, "c", b"m2")[1] == "created"
+    change.join()
+    assert problems(conn) == []
+
+
 @pytest.mark.parametrize("busy_wait", ["25 days", "1000 years"])
 def test_a_busy_wait_longer_than_lock_timeout_takes_still_waits(
         dsn: str, conn: Conn, other: Conn, busy_wait: str) -> None:
