@@ -28,6 +28,7 @@ from fairq import (
     SettleStatus,
     TextCodec,
     _pools,
+    _work,
 )
 
 LOCK = timedelta(seconds=30)
@@ -460,3 +461,11 @@ def test_undecodable_content_reaches_the_receiver(dsn: str) -> None:
         with pytest.raises(ValueError):
             _ = first.content
         assert first.fail("undecodable") is SettleStatus.DEAD
+
+
+def test_the_workers_longest_lock_is_the_sqls(dsn: str) -> None:
+    """_work.MAX_LOCK mirrors fairq.max_duration_ms(): a worker refuses a lock that
+    every dequeue would refuse."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT fairq.max_duration_ms()").fetchone()
+    assert row is not None and timedelta(milliseconds=row[0]) == _work.MAX_LOCK
