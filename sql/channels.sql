@@ -94,14 +94,19 @@ $$;
 
 -- The collector: removes channels that have no policy and have held nothing (and
 -- been unpaused) for at least the setting fairq.idle_channel_ttl (default 10 s; a
--- PostgreSQL interval), longest idle first, at most p_limit, whatever their queue. Dequeues call it once a second (see
--- fairq.message_dequeue), so the channel table holds the tenants active lately, not
--- every tenant ever seen. A channel is removed only when, under its producer lock
--- (taken by trying, never waiting) and in a snapshot taken after that lock, it holds
--- no message and no queued wake: a producer that committed a message or a wake just
--- before is seen, and one that comes later waits for the lock and then creates the
--- channel anew. Rows another transaction holds are skipped. Returns how many it
--- removed.
+-- PostgreSQL interval), longest idle first, at most p_limit, whatever their queue.
+-- Dequeues call it once a second (see fairq.message_dequeue), so the channel table
+-- holds the tenants active lately, not every tenant ever seen. A channel is removed
+-- only when, under its producer lock (taken by trying, never waiting) and in a
+-- snapshot taken after that lock, it holds no message and no queued wake: a producer
+-- that committed a message or a wake just before is seen, and one that comes later
+-- waits for the lock and then creates the channel anew. Rows another transaction
+-- holds are skipped. What it locks stays locked until the dequeue's transaction
+-- ends, so it locks as little as it can of what it will keep: channels with a message
+-- in flight (idle, with nothing pending) are left out before their rows are locked,
+-- so their settlements never wait for it; and a channel whose producer lock is taken
+-- but its queue's bulk producer lock is not lets go of the first (fairq.channel_quiet).
+-- Returns how many it removed.
 CREATE FUNCTION fairq.collect_idle_channels(p_now timestamptz, p_limit integer) RETURNS integer
 LANGUAGE plpgsql
 AS $$
@@ -115,6 +120,11 @@ BEGIN
         SELECT c.id FROM (SELECT c.id, c.queue_id, c.name FROM fairq.channel c
                            WHERE GREATEST(c.idle_since, c.paused_until) <= p_now - v_ttl
                              AND c.idle_since IS NOT NULL AND NOT c.has_policy
+                             -- (A scalar subquery, one lookup per channel: as NOT
+                             -- EXISTS it was planned as an anti-join that read every
+                             -- lock for each channel.)
+                             AND (SELECT m.id FROM fairq.message m
+                                   WHERE m.channel_id = c.id AND m.status = 'locked' LIMIT 1) IS NULL
                            ORDER BY GREATEST(c.idle_since, c.paused_until)
                            LIMIT p_limit
                              FOR NO KEY UPDATE SKIP LOCKED) c
@@ -123,8 +133,9 @@ BEGIN
         RETURN 0;
     END IF;
     -- The channels with a message in flight, in one statement (one index lookup per
-    -- channel: see message_locked_ix). No message of these channels can be locked
-    -- after it: their rows are held here.
+    -- channel: see message_locked_channel_ix): a message may have been handed out
+    -- between the look above and the row lock. No message of these channels can be
+    -- locked after this: their rows are held here.
     v_in_flight := ARRAY(SELECT DISTINCT m.channel_id FROM fairq.message m
                           WHERE m.channel_id = ANY (v_quiet) AND m.status = 'locked');
     -- (Scalar subqueries by status: each is one lookup in a partial index, whatever
@@ -543,18 +554,33 @@ $$;
 
 -- A channel whose due_at may be too early: a dequeue picked it and found nothing to
 -- hand out (a cancelled or concurrently taken head). Recompute its turn from what it
--- holds (taking p_turn_seq, or the next value).
+-- holds (taking p_turn_seq, or the next value). When it still holds a message due
+-- now, which the pick could not lock, another transaction holds that message: a
+-- cancel not yet committed, whose delete this snapshot does not see. Kept due now,
+-- the channel would be picked and retired again by every dequeue while that
+-- transaction is open, rewriting its row each time (a transaction that cancelled
+-- the last messages of a thousand channels made each dequeue slower than the one
+-- before); so its turn comes fairq.held_message_wait() later, when a dequeue looks
+-- again: by then the cancel has committed (the channel goes idle) or rolled back
+-- (the message is served, that much late).
+CREATE FUNCTION fairq.held_message_wait() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '100 milliseconds' $$;
+
 CREATE FUNCTION fairq.channel_retire(p_channel_id bigint, p_now timestamptz, p_turn_seq bigint)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_channel fairq.channel := fairq.channel_lock(p_channel_id);
+    v_pending_due_at timestamptz := (SELECT p.due_at FROM fairq.pending_due_at(v_channel.id) AS p);
 BEGIN
     v_channel.due_at := (fairq.settled_due_ats(ARRAY[v_channel.id], ARRAY[v_channel.name],
-                                               ARRAY(SELECT p.due_at FROM fairq.pending_due_at(v_channel.id) AS p),
-                                               v_channel.queue_id, p_now))[1];
-    PERFORM fairq.channel_store(v_channel, p_now, false, p_turn_seq);
+                                               ARRAY[v_pending_due_at], v_channel.queue_id, p_now))[1];
+    PERFORM fairq.channel_store(v_channel,
+                                CASE WHEN v_pending_due_at <= p_now THEN p_now + fairq.held_message_wait()
+                                     ELSE p_now END,
+                                false, p_turn_seq);
 END
 $$;
 

@@ -243,14 +243,23 @@ $$;
 -- True when no producer is inserting into the channel right now, in bulk or not. On
 -- true, holds its producer lock and its queue's bulk producer lock exclusively until
 -- commit, so producers that arrive later wait for this transaction and then see what
--- it decided (the collector's test).
+-- it decided (the collector's test). On false, holds neither: a transaction-level
+-- lock cannot be let go but by rolling back the subtransaction that took it (0.7.32
+-- kept the channel's producer lock when the bulk lock was refused, and the channel's
+-- producers waited for the dequeue that ran the collector). The subtransaction writes
+-- nothing, so it takes no transaction id.
 CREATE FUNCTION fairq.channel_quiet(p_queue_id integer, p_channel text) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    RETURN pg_try_advisory_xact_lock(fairq.producer_lock_class(),
-                                     fairq.producer_lock_key(p_queue_id, p_channel))
-           AND pg_try_advisory_xact_lock(fairq.bulk_producer_lock_class(), p_queue_id);
+    IF pg_try_advisory_xact_lock(fairq.producer_lock_class(),
+                                 fairq.producer_lock_key(p_queue_id, p_channel))
+       AND pg_try_advisory_xact_lock(fairq.bulk_producer_lock_class(), p_queue_id) THEN
+        RETURN true;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'FQ001';  -- lets go of what was taken
+EXCEPTION WHEN SQLSTATE 'FQ001' THEN
+    RETURN false;
 END
 $$;
 

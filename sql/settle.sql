@@ -316,11 +316,20 @@ BEGIN
 END
 $$;
 
--- Cancelling takes only the producer lock, like creating, so a producer may cancel
--- inside a long transaction without hiding a channel from workers: the channel's
--- due_at may stay early (a dequeue then finds nothing and recomputes it). Only when
--- the channel has nothing pending left is its row locked, to drop its turn and
--- collect it if it is empty.
+-- Cancelling takes only the producer lock, like creating, and never the channel's
+-- row: a producer may cancel inside a long transaction without hiding the channel's
+-- other messages from workers, stopping the recovery of its expired locks or making
+-- its settlements wait. The channel's due_at may then stay early, even with nothing
+-- left pending: a dequeue that picks the channel finds nothing, recomputes its turn
+-- (fairq.channel_retire) and goes on to the next channel, and the channel then goes
+-- idle and is collected like any other. A message due later than now may be what
+-- gave the channel its wait, here or in a dequeue or settlement that saw it pending
+-- and commits after this cancel (its snapshot did not see the delete): so cancelling
+-- one makes sure the channel is due now, as a producer of a message due now would
+-- (fairq.channels_wake: a wake for now, committed with the cancel, unless the
+-- channel is due already, and then it holds the channel's settle lock, shared, so
+-- that no dequeue makes it wait until this cancel is seen). (0.7.32 locked the row
+-- when nothing was left pending, and kept it until the transaction ended.)
 CREATE FUNCTION fairq.message_cancel(p_id bigint) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -338,9 +347,11 @@ BEGIN
     IF NOT FOUND THEN
         RETURN fairq.miss(p_id, 'locked');
     END IF;
-    -- The producer lock only keeps channel_set from changing max_size under our feet
-    -- (in a transaction gone bulk, its queue's bulk producer lock does: it takes no
-    -- channel's producer lock after that, or it could wait in a cycle with channel_set).
+    -- The producer lock keeps channel_set from changing max_size under our feet, and
+    -- the collector from removing the channel while its wake is not committed (in a
+    -- transaction gone bulk, its queue's bulk producer lock does both: it takes no
+    -- channel's producer lock after that, or it could wait in a cycle with
+    -- channel_set).
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     IF NOT fairq.producing_in_bulk(v_channel.queue_id, 1) THEN
         PERFORM pg_advisory_xact_lock_shared(fairq.producer_lock_class(),
@@ -349,14 +360,8 @@ BEGIN
     SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
     PERFORM fairq.record_history(v_message, v_channel.name, 'cancelled', v_now);
     PERFORM fairq.channel_resize(v_channel, -1, false);
-    -- Nothing pending any more: the channel's turn (maybe far in the future) must go.
-    -- Only then is the row locked.
-    IF NOT EXISTS (SELECT 1 FROM fairq.pending_due_at(v_channel.id) AS p WHERE p.due_at IS NOT NULL) THEN
-        v_channel := fairq.channel_lock(v_channel.id);
-        v_channel.due_at := (fairq.settled_due_ats(ARRAY[v_channel.id], ARRAY[v_channel.name],
-                                                   ARRAY(SELECT p.due_at FROM fairq.pending_due_at(v_channel.id) AS p),
-                                                   v_channel.queue_id, v_now))[1];
-        PERFORM fairq.channel_store(v_channel, v_now, false);
+    IF v_message.dequeue_at > v_now THEN
+        PERFORM fairq.channels_wake(v_channel.queue_id, ARRAY[v_channel.id], ARRAY[v_now], v_now);
     END IF;
     RETURN 'cancelled';
 END

@@ -593,13 +593,11 @@ class Model:
         self.channel_unlock(ch, 1, None, now)
         return "dead"
 
-    def settle_if_nothing_pending(self, ch: Channel, now: T) -> None:
-        """A channel left with nothing pending drops its turn, and goes if empty."""
-        if self.pending_due_at(ch) is None:
-            ch.due_at = None
-            self.channel_store(ch, now, False)
-
     def cancel(self, mid: int, now: T) -> str:
+        """Never touches the channel's turn but through a wake: a channel left with
+        nothing pending keeps its due_at until a dequeue picks it and retires it; a
+        message due later may be what gave the channel its wait, so its cancel makes
+        the channel due now, as a producer's message due now would."""
         m = self.messages.get(mid)
         if m is None or m.status == "locked":
             return self._miss(mid, "locked")
@@ -607,7 +605,8 @@ class Model:
         ch = self.channels[m.channel_id]
         self.history.append((m.id, ch.queue, ch.name, "cancelled", m.num_attempts))
         self.channel_resize(ch, -1, False)
-        self.settle_if_nothing_pending(ch, now)
+        if m.dequeue_at > now and (ch.due_at is None or ch.due_at > now):
+            self.channel_wake(ch, now, now)
         return "cancelled"
 
     def dead_letter_retry(self, mid: int, now: T) -> str:

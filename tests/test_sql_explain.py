@@ -396,8 +396,10 @@ def test_the_collector_reads_the_locks_once_a_call(server: Server) -> None:
     flight. 0.7.9 looked that up channel by channel, and with its plans made while
     nothing was locked PostgreSQL went through message_locked_ix, by queue: every lock
     of the queue, read again for each channel (16 s a call for 1,000 channels in the
-    churn soak, which stalled the queue behind that transaction). Now one scan reads
-    the locks, at most once each, however it was planned."""
+    churn soak, which stalled the queue behind that transaction). Now every read of
+    the locks is either one scan that reads each at most once, or a lookup keyed by
+    one channel that stops at its first lock (0.7.33 leaves channels with a message
+    in flight out before it locks their rows), however it was planned."""
     with planned_small(server, "fairq.message") as (conn, _):
         # As inside message_dequeue, which runs the collector.
         for setting in ("enable_seqscan = off", "fairq.idle_channel_ttl = '0'"):
@@ -423,9 +425,9 @@ def test_the_collector_reads_the_locks_once_a_call(server: Server) -> None:
         scans = [(m.group(1), float(m.group(2)), int(m.group(3)))
                  for plan in plans for line in plan.splitlines() if (m := LOCK_INDEX_SCAN.search(line))]
         assert scans, "\n\n".join(plans)
-        assert all(loops == 1 for _, _, loops in scans), scans
+        assert all(loops == 1 or rows <= 1 for _, rows, loops in scans), scans
         # (2,000 locks, and the entries the 51 completed messages left behind.)
-        assert sum(rows for _, rows, _ in scans) <= 2000 + 51, scans
+        assert sum(rows * loops for _, rows, loops in scans) <= 2000 + 51, scans
 
 
 def test_a_small_queue_beside_a_deep_one_reads_only_its_own_rows(loaded: Conn) -> None:

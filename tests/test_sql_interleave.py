@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -752,4 +752,149 @@ def test_concurrent_batch_dequeues_take_the_wakes_after_each_others(
         got = second.join()
     assert len(got) == 20
     assert sorted(channels_of(first) + channels_of(got)) == names
+    assert problems(conn) == []
+
+
+@pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
+def test_an_open_cancel_hides_no_message_and_blocks_no_settlement(
+        conn: Conn, other: Conn, dsn: str, policy: str | None) -> None:
+    """A producer that cancels its channel's last pending message and stays open must
+    not hide the channel's other messages from workers, nor make its settlements wait
+    (0.7.32 locked the channel's row to drop its turn, until the cancel committed: a
+    dequeue waited for it and answered empty, and a defer waited)."""
+    if policy is not None:
+        conn.execute(f"SELECT fairq.channel_set('p', {policy})")
+    create(conn, "p", b"in flight")
+    cancelled, _ = create(conn, "p", b"cancelled")
+    held = dequeue_one(conn)
+    assert held is not None and held.content == b"in flight"
+    with open_transaction(other):
+        assert call(other, "message_cancel", cancelled) == "cancelled"  # nothing pending now
+        created, _ = create(conn, "p", b"committed")
+        taking = Background(dsn, lambda c: dequeue(c, n=5))
+        assert taking.finishes_without_waiting_for(other)
+        got = taking.join()
+        assert [d.id for d in got] == [created]
+        deferring = Background(dsn, lambda c: call(c, "message_defer", held.id, held.num_attempts))
+        assert deferring.finishes_without_waiting_for(other)
+        assert deferring.join() == "deferred"
+        assert complete(conn, got[0]) == "completed"
+    assert [d.id for d in dequeue(conn, n=5)] == [held.id]
+    assert problems(conn) == []
+
+
+def test_a_cancel_committed_after_a_dequeue_read_the_message_leaves_no_wait_for_it(
+        conn: Conn, other: Conn) -> None:
+    """A dequeue that serves a channel while a cancel of its only other message, due
+    in an hour, is open sees that message pending and makes the channel wait an hour
+    for it. Once the cancel commits, the channel must not wait for a message that is
+    gone (fairq.check() reported it; the collector would have kept the channel)."""
+    create(conn, "s", b"now")
+    later, _ = create(conn, "s", b"in an hour",
+                      dequeue_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    with open_transaction(other):
+        assert call(other, "message_cancel", later) == "cancelled"
+        served = dequeue_one(conn)
+        assert served is not None and served.content == b"now"
+    assert problems(conn) == []
+    assert complete(conn, served) == "completed"
+    assert dequeue(conn, n=5) == []  # the channel's turn is recomputed: it goes idle
+    row = conn.execute("SELECT due_at, idle_since IS NOT NULL FROM fairq.channel WHERE name = 's'").fetchone()
+    assert row == (None, True)
+    assert problems(conn) == []
+
+
+def run_collector_in(conn: Conn) -> None:
+    """Opens a transaction on ``conn`` and runs the idle-channel collector in it, as a
+    dequeue of another queue does once a second, on every channel idle until now."""
+    conn.execute("BEGIN")
+    conn.execute("SELECT set_config('fairq.idle_channel_ttl', '0', true)")
+    conn.execute("UPDATE fairq.channel_collection SET collected_at = '-infinity'")
+    assert dequeue(conn, queue="elsewhere") == []  # runs the collector
+    assert conn.execute("SELECT collected_at > '-infinity' FROM fairq.channel_collection").fetchone() == (True,)
+
+
+def test_the_collector_locks_nothing_of_a_channel_with_messages_in_flight(
+        dsn: str, conn: Conn, other: Conn) -> None:
+    """A channel whose messages are all in flight has nothing pending (idle), but the
+    collector cannot remove it: it must not keep its producer lock or its row until
+    the dequeue that ran it ends (0.7.32 did: the channel's producers, a worker's
+    follow-up on its own channel among them, and its settlements waited)."""
+    conn.execute("SELECT fairq.channel_set('elsewhere-policy', p_queue => 'elsewhere')")  # names the queue
+    create(conn, "a", b"in flight")
+    held = dequeue_one(conn)
+    assert held is not None
+    try:
+        run_collector_in(other)
+        producing = Background(dsn, lambda c: create(c, "a", b"follow-up"))
+        assert producing.finishes_without_waiting_for(other)
+        assert producing.join()[1] == "created"
+        deferring = Background(dsn, lambda c: call(c, "message_defer", held.id, held.num_attempts))
+        assert deferring.finishes_without_waiting_for(other)
+        assert deferring.join() == "deferred"
+    finally:
+        other.execute("ROLLBACK")
+    assert sorted(d.content for d in dequeue(conn, n=5)) == [b"follow-up", b"in flight"]
+    assert problems(conn) == []
+
+
+def test_the_collector_keeps_no_lock_of_a_channel_it_leaves_to_a_bulk_producer(
+        dsn: str, conn: Conn, other: Conn) -> None:
+    """While a producer gone bulk is open in a queue, the collector removes none of its
+    idle channels (it cannot take the queue's bulk producer lock), and must then hold
+    none of their producer locks either (0.7.32 kept them until the dequeue that ran it
+    ended, and those channels' producers waited for it)."""
+    conn.execute("SELECT fairq.channel_set('elsewhere-policy', p_queue => 'elsewhere')")
+    create(conn, "idle")
+    drained = drain(conn)
+    assert channels_of(drained) == ["idle"]
+    with psycopg.connect(dsn, autocommit=True) as bulk:
+        bulk.execute("BEGIN")
+        create_many(bulk, [f"bulk-{i}" for i in range(300)])  # past fairq.bulk_channels()
+        try:
+            run_collector_in(other)
+            assert other.execute("SELECT count(*) FROM fairq.channel WHERE name = 'idle'").fetchone() == (1,)
+            producing = Background(dsn, lambda c: create(c, "idle", b"again"))
+            assert producing.finishes_without_waiting_for(other)
+            assert producing.join()[1] == "created"
+        finally:
+            other.execute("ROLLBACK")
+            bulk.execute("ROLLBACK")
+    assert channels_of(dequeue(conn, n=5)) == ["idle"]
+    assert problems(conn) == []
+
+
+@pytest.mark.parametrize("outcome", ["commits", "rolls back"])
+def test_channels_whose_last_message_an_open_transaction_cancels_cost_a_dequeue_once(
+        conn: Conn, other: Conn, outcome: str) -> None:
+    """While a transaction that cancelled the last message of many channels is open,
+    dequeues see those messages pending but cannot take them. Each channel must be
+    looked at once, then left for a while: the first form of 0.7.33 kept it due, and
+    every dequeue picked and rewrote every such channel again (each call slower than
+    the one before, the old row versions kept by the open transaction). Then the
+    channels go idle (commit), or their messages are served (rollback)."""
+    ids = [create(conn, f"c{i}")[0] for i in range(50)]
+
+    def row_versions() -> dict[str, str]:
+        return dict(conn.execute("SELECT name, ctid::text FROM fairq.channel").fetchall())
+
+    other.execute("BEGIN")
+    try:
+        for mid in ids:
+            assert call(other, "message_cancel", mid) == "cancelled"
+        assert dequeue(conn) == []  # looks at each channel once
+        looked_at = row_versions()
+        for _ in range(3):
+            assert dequeue(conn, n=5) == []
+        assert row_versions() == looked_at  # none of them picked again
+    finally:
+        other.execute("COMMIT" if outcome == "commits" else "ROLLBACK")
+    travel(conn, 1_000)  # past fairq.held_message_wait()
+    got = dequeue(conn, n=100)
+    if outcome == "commits":
+        assert got == []
+        assert conn.execute("SELECT count(*) FROM fairq.channel WHERE idle_since IS NOT NULL"
+                            ).fetchone() == (50,)
+    else:
+        assert sorted(d.id for d in got) == sorted(ids)
     assert problems(conn) == []
