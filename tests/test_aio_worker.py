@@ -333,6 +333,36 @@ def test_cancelling_run_as_its_dequeue_is_answered_hands_the_messages_back(hdsn:
     asyncio.run(scenario())
 
 
+def test_a_second_cancellation_of_run_does_not_cut_the_hand_back_short(hdsn: str) -> None:
+    """run() cancelled twice (an application's shutdown, then its own timeout): 0.7.32
+    let the second cancellation interrupt the hand-back, so the message stayed locked
+    until its lock lapsed and the handler ran on after run() was gone. The hand-back
+    is held on the channel's row until the second cancellation has been delivered."""
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send("t", b"job")
+            handler = Endless()
+            worker = AsyncWorker(queue, handler, lock=timedelta(minutes=5), **FAST)
+            task = asyncio.create_task(worker.run())
+            await asyncio.wait_for(handler.started.wait(), TIMEOUT)
+            with psycopg.connect(hdsn) as locker, psycopg.connect(hdsn, autocommit=True) as watch:
+                locker.execute("SELECT FROM fairq.channel WHERE name = 't' FOR UPDATE")
+                task.cancel()
+                await until(lambda: watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE '%%message_defer%%'").fetchone() == (1,))
+                task.cancel()
+                for _ in range(10):
+                    await asyncio.sleep(0)  # the second cancellation reaches run()
+                locker.commit()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 30)
+            assert handler.cancelled.is_set()
+            [msg] = await queue.dequeue(timedelta(seconds=30))  # back now, not in 5 min
+            assert (msg.id, msg.num_attempts) == (sent.id, 2)
+    asyncio.run(scenario())
+
+
 def test_a_handler_raising_cancelled_error_of_its_own_fails_its_message(hdsn: str) -> None:
     """A handler that awaited something cancelled elsewhere raises CancelledError
     though nobody cancelled it: a failure like any other. 0.7.31 took it for the

@@ -113,8 +113,16 @@ class AsyncWorker(Generic[T]):
         except asyncio.CancelledError:
             # run() itself was cancelled (a TaskGroup, wait_for, an application's
             # shutdown): no grace, the caller wants it gone; what runs is handed back
-            # at once rather than left to lapse, and its tasks are cancelled.
-            await self._drain(timedelta(0))
+            # at once rather than left to lapse, and its tasks are cancelled. A second
+            # cancellation (a shutdown, then its timeout) does not cut that short: it
+            # would leave messages locked and handlers running after run() is gone.
+            # The hand-back costs a statement per message.
+            drain = asyncio.ensure_future(self._drain(timedelta(0)))
+            while not drain.done():
+                try:
+                    await asyncio.shield(drain)
+                except asyncio.CancelledError:
+                    continue
             raise
         finally:
             # When run() returns, the worker holds no connection of its own any more.
