@@ -58,10 +58,10 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION fairq.held_message_wait() RETURNS interval
+CREATE OR REPLACE FUNCTION fairq.held_message_wait(p_due_for interval) RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT interval '100 milliseconds' $$;
-REVOKE ALL ON FUNCTION fairq.held_message_wait() FROM PUBLIC;
+AS $$ SELECT LEAST(GREATEST(p_due_for, interval '100 milliseconds'), interval '5 seconds') $$;
+REVOKE ALL ON FUNCTION fairq.held_message_wait(interval) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fairq.channel_retire(p_channel_id bigint, p_now timestamptz, p_turn_seq bigint)
 RETURNS void
@@ -70,13 +70,18 @@ AS $$
 DECLARE
     v_channel fairq.channel := fairq.channel_lock(p_channel_id);
     v_pending_due_at timestamptz := (SELECT p.due_at FROM fairq.pending_due_at(v_channel.id) AS p);
+    v_look_at timestamptz := p_now;  -- the time its next turn is reckoned from
 BEGIN
     v_channel.due_at := (fairq.settled_due_ats(ARRAY[v_channel.id], ARRAY[v_channel.name],
                                                ARRAY[v_pending_due_at], v_channel.queue_id, p_now))[1];
-    PERFORM fairq.channel_store(v_channel,
-                                CASE WHEN v_pending_due_at <= p_now THEN p_now + fairq.held_message_wait()
-                                     ELSE p_now END,
-                                false, p_turn_seq);
+    IF v_pending_due_at <= p_now THEN
+        v_look_at := LEAST(p_now + fairq.held_message_wait(p_now - v_pending_due_at),
+                           (SELECT m.dequeue_at FROM fairq.message m
+                             WHERE m.channel_id = v_channel.id AND m.status = 'scheduled'
+                               AND m.dequeue_at > p_now
+                             ORDER BY m.dequeue_at, m.id LIMIT 1));
+    END IF;
+    PERFORM fairq.channel_store(v_channel, v_look_at, false, p_turn_seq);
 END
 $$;
 

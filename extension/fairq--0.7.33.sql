@@ -2225,14 +2225,18 @@ $$;
 -- now, which the pick could not lock, another transaction holds that message: a
 -- cancel not yet committed, whose delete this snapshot does not see. Kept due now,
 -- the channel would be picked and retired again by every dequeue while that
--- transaction is open, rewriting its row each time (a transaction that cancelled
--- the last messages of a thousand channels made each dequeue slower than the one
--- before); so its turn comes fairq.held_message_wait() later, when a dequeue looks
--- again: by then the cancel has committed (the channel goes idle) or rolled back
--- (the message is served, that much late).
-CREATE FUNCTION fairq.held_message_wait() RETURNS interval
+-- transaction is open, its row rewritten each time (a transaction that cancelled the
+-- last messages of a thousand channels made each dequeue slower than the one
+-- before); so a dequeue looks at it again only after fairq.held_message_wait(): by
+-- then the cancel has committed (the channel goes idle) or rolled back (the message
+-- is served, that much late; so may be a message created on the channel meanwhile,
+-- which needs no wake for a channel that is due). The wait grows with how long the
+-- message has been due, so a long transaction costs a look every few seconds, not one
+-- at every call; and it ends no later than the channel's next scheduled message
+-- falls due.
+CREATE FUNCTION fairq.held_message_wait(p_due_for interval) RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT interval '100 milliseconds' $$;
+AS $$ SELECT LEAST(GREATEST(p_due_for, interval '100 milliseconds'), interval '5 seconds') $$;
 
 CREATE FUNCTION fairq.channel_retire(p_channel_id bigint, p_now timestamptz, p_turn_seq bigint)
 RETURNS void
@@ -2241,13 +2245,18 @@ AS $$
 DECLARE
     v_channel fairq.channel := fairq.channel_lock(p_channel_id);
     v_pending_due_at timestamptz := (SELECT p.due_at FROM fairq.pending_due_at(v_channel.id) AS p);
+    v_look_at timestamptz := p_now;  -- the time its next turn is reckoned from
 BEGIN
     v_channel.due_at := (fairq.settled_due_ats(ARRAY[v_channel.id], ARRAY[v_channel.name],
                                                ARRAY[v_pending_due_at], v_channel.queue_id, p_now))[1];
-    PERFORM fairq.channel_store(v_channel,
-                                CASE WHEN v_pending_due_at <= p_now THEN p_now + fairq.held_message_wait()
-                                     ELSE p_now END,
-                                false, p_turn_seq);
+    IF v_pending_due_at <= p_now THEN
+        v_look_at := LEAST(p_now + fairq.held_message_wait(p_now - v_pending_due_at),
+                           (SELECT m.dequeue_at FROM fairq.message m
+                             WHERE m.channel_id = v_channel.id AND m.status = 'scheduled'
+                               AND m.dequeue_at > p_now
+                             ORDER BY m.dequeue_at, m.id LIMIT 1));
+    END IF;
+    PERFORM fairq.channel_store(v_channel, v_look_at, false, p_turn_seq);
 END
 $$;
 
@@ -2981,7 +2990,9 @@ COMMENT ON FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], i
 --      it stays in the rotation, moved on by its stride (1,000,000 / weight); else it
 --      waits (until now + release_interval_ms, its next message's due time, its
 --      pause's end, or a freed slot when full) and then joins again at the back. A
---      channel that had nothing to hand out gets its turn recomputed.
+--      channel that had nothing to hand out gets its turn recomputed (a cancelled
+--      head; one that another transaction holds puts the channel off a while:
+--      fairq.channel_retire).
 -- Serving k channels once each, in rotation order, is exactly what k single
 -- dequeues in a row do as long as none of them comes round again before the k-th:
 -- so a call with p_max_messages = n serves, in each round, the channels picked up to

@@ -37,7 +37,9 @@
 --      it stays in the rotation, moved on by its stride (1,000,000 / weight); else it
 --      waits (until now + release_interval_ms, its next message's due time, its
 --      pause's end, or a freed slot when full) and then joins again at the back. A
---      channel that had nothing to hand out gets its turn recomputed.
+--      channel that had nothing to hand out gets its turn recomputed (a cancelled
+--      head; one that another transaction holds puts the channel off a while:
+--      fairq.channel_retire).
 -- Serving k channels once each, in rotation order, is exactly what k single
 -- dequeues in a row do as long as none of them comes round again before the k-th:
 -- so a call with p_max_messages = n serves, in each round, the channels picked up to

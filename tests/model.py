@@ -106,6 +106,10 @@ class Channel:
     paused_until: T | None = None
     turn_pass: int | None = None
     turn_given_at: T | None = None  # in the rotation: when its place was given
+    # Its turn comes from a wake the database has queued and not yet written into the
+    # row (the model applies wakes at once): a dequeue's pick does not see that turn
+    # until the channel joins the rotation.
+    woken: bool = False
 
 
 @dataclass
@@ -205,6 +209,7 @@ class Model:
             ch.turn_pass = None  # a new turn is a time: the channel waits to join
             ch.turn_given_at = None
         ch.turn_at = turn
+        ch.woken = False  # written: any wake is folded in
 
     @staticmethod
     def turn_key(ch: Channel) -> tuple[T, int, int]:
@@ -236,6 +241,7 @@ class Model:
             ch.turn_given_at = ch.turn_at
             ch.turn_at = IN_ROTATION
             ch.turn_seq = self.next_seq()
+            ch.woken = False
 
     def pending_due_at(self, ch: Channel) -> T | None:
         ready = [m for m in self.messages.values() if m.channel_id == ch.id and m.status == "ready"]
@@ -264,9 +270,15 @@ class Model:
             self.channels[ch.id] = ch
         return ch
 
-    def channel_wake(self, ch: Channel, due_at: T, now: T) -> None:
+    def channel_wake(self, ch: Channel, due_at: T, now: T, made: bool = False) -> None:
+        """A message due at due_at on ch (made: its row made by this call, which the
+        database writes due at once). Only a wake that brings the turn forward is
+        queued (fairq.needs_wake)."""
+        queued = not made and (ch.due_at is None or (due_at < ch.due_at and ch.due_at > now))
+        woken = ch.woken
         ch.due_at = least(ch.due_at, due_at)
         self.channel_store(ch, now, True)
+        ch.woken = woken or queued
 
     def channel_unlock(self, ch: Channel, count: int, due_at: T | None, now: T) -> None:
         ch.in_flight -= self.slots(ch, count)
@@ -395,7 +407,7 @@ class Model:
         for cid in sorted(earliest, key=lambda cid: (cid not in made_ids, cid)):
             ch = self.channels[cid]
             if ch.due_at is None or (earliest[cid] < ch.due_at and ch.due_at > now):
-                self.channel_wake(ch, earliest[cid], now)
+                self.channel_wake(ch, earliest[cid], now, made=cid in made_ids)
         return out
 
     # -- dequeue.sql --------------------------------------------------------------------
@@ -483,12 +495,20 @@ class Model:
             return out
         self.join_rotation(queue, now, n)
         visited: set[int] = set()
+        joined_again = False
         while len(out) < n:
             eligible = [c for c in self.channels.values()
                         if c.queue == queue and c.turn_at is not None and c.turn_at <= now
-                        and c.id not in visited]
+                        and c.id not in visited and not c.woken]
             if not eligible:
-                break
+                # The database lets the next channels join once more before it answers
+                # (a woken channel is seen only once it joined).
+                if joined_again:
+                    break
+                joined_again = True
+                self.join_rotation(queue, now, n - len(out))
+                continue
+            joined_again = False
             ch = min(eligible, key=self.turn_key)
             m = self.channel_take(ch, now, lock)
             if m is None:
@@ -613,8 +633,9 @@ class Model:
         d = self.dead.pop(mid, None)
         if d is None:
             return "not_found"
+        made = self.by_name(d.channel, d.queue) is None
         ch = self.channel_for_producer(d.channel, d.queue)
-        self.channel_wake(ch, now, now)
+        self.channel_wake(ch, now, now, made=made)
         self.channel_resize(ch, 1, False)
         # A fresh max_attempts budget; num_attempts, the fencing token, goes on counting.
         self.messages[mid] = Message(mid, ch.id, "ready", d.priority, now, d.content,

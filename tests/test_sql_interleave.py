@@ -868,28 +868,40 @@ def test_the_collector_keeps_no_lock_of_a_channel_it_leaves_to_a_bulk_producer(
 def test_channels_whose_last_message_an_open_transaction_cancels_cost_a_dequeue_once(
         conn: Conn, other: Conn, outcome: str) -> None:
     """While a transaction that cancelled the last message of many channels is open,
-    dequeues see those messages pending but cannot take them. Each channel must be
-    looked at once, then left for a while: the first form of 0.7.33 kept it due, and
-    every dequeue picked and rewrote every such channel again (each call slower than
-    the one before, the old row versions kept by the open transaction). Then the
-    channels go idle (commit), or their messages are served (rollback)."""
+    dequeues see those messages pending but cannot take them. Each channel is looked
+    at, then left for as long as its message has been due (at least 100 ms, at most
+    5 s: fairq.held_message_wait): the first form of 0.7.33 kept it due, and every
+    dequeue picked and rewrote every such channel again (each call slower than the
+    one before, the old row versions kept by the open transaction). Then the channels
+    go idle (commit), or their messages are served (rollback). Read from the turns
+    the dequeues give, on the queue's clock, not from how long anything took."""
     ids = [create(conn, f"c{i}")[0] for i in range(50)]
 
-    def row_versions() -> dict[str, str]:
-        return dict(conn.execute("SELECT name, ctid::text FROM fairq.channel").fetchall())
+    def waits_after(dequeue_at_shift_ms: int) -> tuple[float, float]:
+        """Dequeues (nothing available) with the clock moved to real time + the shift,
+        and returns the shortest and longest wait it gave the channels, in seconds."""
+        travel(conn, dequeue_at_shift_ms)
+        before = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
+        assert dequeue(conn, n=5) == []
+        row = conn.execute("SELECT extract(epoch FROM min(turn_at) - %(t)s),"
+                           "       extract(epoch FROM max(turn_at) - %(t)s)"
+                           "  FROM fairq.channel WHERE name LIKE 'c%%'", {"t": before}).fetchone()
+        assert row is not None
+        return float(row[0]), float(row[1])
 
     other.execute("BEGIN")
     try:
         for mid in ids:
             assert call(other, "message_cancel", mid) == "cancelled"
-        assert dequeue(conn) == []  # looks at each channel once
-        looked_at = row_versions()
-        for _ in range(3):
-            assert dequeue(conn, n=5) == []
-        assert row_versions() == looked_at  # none of them picked again
+        shortest, _ = waits_after(0)
+        assert shortest >= 0.1  # none left due now
+        shortest, _ = waits_after(2_000)  # each message due for 2 s by now
+        assert shortest >= 2.0
+        shortest, longest = waits_after(3_600_000)
+        assert shortest >= 5.0 and longest <= 5.0 + 60  # (the margin: a slow machine's calls)
     finally:
         other.execute("COMMIT" if outcome == "commits" else "ROLLBACK")
-    travel(conn, 1_000)  # past fairq.held_message_wait()
+    travel(conn, 7_200_000)
     got = dequeue(conn, n=100)
     if outcome == "commits":
         assert got == []
@@ -897,4 +909,23 @@ def test_channels_whose_last_message_an_open_transaction_cancels_cost_a_dequeue_
                             ).fetchone() == (50,)
     else:
         assert sorted(d.id for d in got) == sorted(ids)
+    assert problems(conn) == []
+
+
+def test_a_channel_put_off_for_a_held_message_is_back_when_its_next_one_falls_due(
+        conn: Conn, other: Conn) -> None:
+    """A dequeue that finds a channel's due message held by an open cancel puts the
+    channel off (up to 5 s), but never past its next scheduled message: with the cancel
+    committed, that one is served when it falls due, not when the wait ends."""
+    now = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
+    held, _ = create(conn, "h", b"held")
+    later, _ = create(conn, "h", b"in two hours", dequeue_at=now + timedelta(hours=2))
+    with open_transaction(other):
+        assert call(other, "message_cancel", held) == "cancelled"
+        travel(conn, 2 * 3_600_000 - 4_500)  # "held" due for 2 h: the longest wait
+        assert dequeue(conn) == []
+        turn = conn.execute("SELECT turn_at FROM fairq.channel WHERE name = 'h'").fetchone()
+        assert turn == (now + timedelta(hours=2),)
+    travel(conn, 2 * 3_600_000)
+    assert [d.id for d in dequeue(conn)] == [later]
     assert problems(conn) == []
