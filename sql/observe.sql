@@ -20,8 +20,10 @@ SELECT q.name AS queue,
        n.scheduled,
        n.in_flight,
        -- In the rotation: now. A wake not yet applied gives its time; a paused queue
-       -- serves nothing before its pause ends.
-       CASE WHEN w.turn_at IS NOT NULL
+       -- serves nothing before its pause ends. Nothing pending, nothing to serve: a
+       -- channel may keep its turn after its last pending message was cancelled,
+       -- until a dequeue recomputes it (settle.sql).
+       CASE WHEN w.turn_at IS NOT NULL AND n.ready + n.scheduled > 0
             THEN GREATEST(w.turn_at, k.now, CASE WHEN q.paused_until > k.now THEN q.paused_until END)
        END AS next_dequeue_at
   FROM fairq.channel c
@@ -210,7 +212,7 @@ AS $$
 $$;
 
 COMMENT ON VIEW fairq.channels IS
-    'Every channel with a policy, a pause or messages (idle channels kept for the collector are not shown), by queue, with its policy, weight and pause and its contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when it may next be served; NULL when empty or at max_concurrency).';
+    'Every channel with a policy, a pause or messages (idle channels kept for the collector are not shown), by queue, with its policy, weight and pause and its contents: size (all messages), ready (due), scheduled (future), in_flight, and next_dequeue_at (when it may next be served; NULL when nothing is pending or at max_concurrency).';
 COMMENT ON VIEW fairq.queues IS
     'Every queue: its channels (as fairq.channels shows them), messages (size, ready, scheduled, in_flight), dead letters, and the end of its pause.';
 COMMENT ON VIEW fairq.dead_letters IS

@@ -278,6 +278,18 @@ def test_scheduled_channel_wakes_when_a_message_is_due(conn: Conn) -> None:
     assert row is not None and row["scheduled"] == 1 and row["next_dequeue_at"] > now
 
 
+def test_a_channel_whose_pending_messages_were_cancelled_shows_no_next_dequeue(conn: Conn) -> None:
+    """A cancel leaves the channel's turn for the next dequeue to recompute (it never
+    locks the row): meanwhile fairq.channels must not say it will be served."""
+    create(conn, "k", b"in flight")
+    cancelled, _ = create(conn, "k", b"cancelled")
+    assert dequeue_one(conn) is not None
+    assert call(conn, "message_cancel", cancelled) == "cancelled"
+    row = channel_row(conn, "k")
+    assert row is not None and (row["ready"], row["in_flight"], row["next_dequeue_at"]) == (0, 1, None)
+    assert problems(conn) == []
+
+
 def test_a_channel_served_as_it_joins_spends_the_wakes_queued_while_it_waited(conn: Conn) -> None:
     """A producer in bulk queues a wake for every channel it writes to, even one whose
     wait is already over (nobody has dequeued since). A dequeue that lets such a
