@@ -247,8 +247,27 @@ BEGIN
 END
 $$;
 
+-- The due time a producer's new message is compared with (fairq.needs_wake): the
+-- channel's due_at, or its turn when a dequeue put it off for a message another
+-- transaction holds (fairq.channel_retire: its turn is then later than its due
+-- messages, pause and release interval allow). A message created meanwhile brings
+-- that turn forward like one on an idle channel, by a wake: it was kept waiting for
+-- the rest of the put-off, up to 5 s (0.7.33).
+CREATE FUNCTION fairq.due_for_producers(p_due_at timestamptz, p_turn_at timestamptz,
+                                        p_paused_until timestamptz, p_last_release_at timestamptz,
+                                        p_release_interval_ms bigint, p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_turn_at > p_now
+                     AND p_turn_at > GREATEST(p_due_at, p_paused_until,
+                                              p_last_release_at + fairq.ms(p_release_interval_ms))
+                THEN p_turn_at ELSE p_due_at END
+$$;
+
 -- Whether a message due at p_due_at must bring its channel's turn forward: the
--- channel has nothing pending, or only messages due later that are not yet due.
+-- channel has nothing pending, or only messages due later that are not yet due (with
+-- p_channel_due_at from fairq.due_for_producers: or it is put off).
 CREATE FUNCTION fairq.needs_wake(p_channel_due_at timestamptz, p_due_at timestamptz,
                                  p_now timestamptz) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -286,19 +305,20 @@ AS $$
                        FROM fairq.channel c WHERE c.id = p_channel_id), false)
 $$;
 
--- The channels p_channel_ids as the next dequeue will see them, with the due times
--- p_due_ats that producers' new messages need: their pending due time includes the
--- wakes already queued (those of producers still open are not seen; a second wake is
--- harmless: applied, it only moves a turn earlier). An SQL table function, inlined
--- into its callers' statements.
-CREATE FUNCTION fairq.wake_candidates(p_channel_ids bigint[], p_due_ats timestamptz[])
+-- The channels p_channel_ids as the next dequeue will see them at p_now, with the
+-- due times p_due_ats that producers' new messages need: their pending due time
+-- (fairq.due_for_producers) includes the wakes already queued (those of producers
+-- still open are not seen; a second wake is harmless: applied, it only moves a turn
+-- earlier). An SQL table function, inlined into its callers' statements.
+CREATE FUNCTION fairq.wake_candidates(p_channel_ids bigint[], p_due_ats timestamptz[], p_now timestamptz)
 RETURNS TABLE(id bigint, queue_id integer, name text, due_at timestamptz,
               pending_due_at timestamptz)
 LANGUAGE sql STABLE
 AS $$
     SELECT c.id, c.queue_id, c.name, e.due_at,
-           LEAST(c.due_at, (SELECT min(w.due_at) FROM fairq.channel_wake w
-                             WHERE w.channel_id = c.id))
+           LEAST(fairq.due_for_producers(c.due_at, c.turn_at, c.paused_until, c.last_release_at,
+                                         c.release_interval_ms, p_now),
+                 (SELECT min(w.due_at) FROM fairq.channel_wake w WHERE w.channel_id = c.id))
       FROM fairq.channel c
       JOIN unnest(p_channel_ids, p_due_ats) AS e(id, due_at) ON e.id = c.id
      WHERE c.id = ANY (p_channel_ids)
@@ -336,7 +356,7 @@ DECLARE
     v_woken bigint[] := '{}';
 BEGIN
     IF cardinality(p_made) < cardinality(p_channel_ids) THEN
-        v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
+        v_forced := ARRAY(SELECT k.id FROM fairq.wake_candidates(p_channel_ids, p_due_ats, p_now) AS k
                            WHERE NOT k.id = ANY (p_made)
                              AND (fairq.needs_wake(k.pending_due_at, k.due_at, p_now)
                                   OR CASE WHEN fairq.gone_bulk(fairq.producer_locks_setting())
@@ -351,7 +371,7 @@ BEGIN
             INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
             SELECT n.id, n.due_at, p_now, nextval('fairq.turn_seq'), n.queue_id
               FROM (SELECT k.id, k.due_at, k.queue_id
-                      FROM fairq.wake_candidates(p_channel_ids, p_due_ats) AS k
+                      FROM fairq.wake_candidates(p_channel_ids, p_due_ats, p_now) AS k
                      WHERE NOT k.id = ANY (p_made)
                        AND (k.id = ANY (v_forced) OR fairq.needs_wake(k.pending_due_at, k.due_at, p_now))
                      ORDER BY k.id
@@ -562,8 +582,8 @@ $$;
 -- last messages of a thousand channels made each dequeue slower than the one
 -- before); so a dequeue looks at it again only after fairq.held_message_wait(): by
 -- then the cancel has committed (the channel goes idle) or rolled back (the message
--- is served, that much late; so may be a message created on the channel meanwhile,
--- which needs no wake for a channel that is due). The wait grows with how long the
+-- is served, that much late; a message created on the channel meanwhile wakes it:
+-- fairq.due_for_producers). The wait grows with how long the
 -- message has been due, so a long transaction costs a look every few seconds, not one
 -- at every call; and it ends no later than the channel's next scheduled message
 -- falls due.

@@ -364,7 +364,11 @@ BEGIN
     -- channels_wake knows which it queued.
     IF v_made THEN
         v_wakes := true;
-    ELSIF NOT (v_settling OR fairq.needs_wake(v_channel.due_at, v_due_at, v_now)) THEN
+    ELSIF NOT (v_settling
+               OR fairq.needs_wake(fairq.due_for_producers(v_channel.due_at, v_channel.turn_at,
+                                                           v_channel.paused_until, v_channel.last_release_at,
+                                                           v_channel.release_interval_ms, v_now),
+                                   v_due_at, v_now)) THEN
         v_wakes := false;
     ELSIF v_in_bulk THEN
         v_wakes := cardinality(fairq.channels_wake(v_queue_id, ARRAY[v_channel.id], ARRAY[v_due_at],
@@ -372,7 +376,7 @@ BEGIN
     ELSE
         INSERT INTO fairq.channel_wake (channel_id, due_at, woken_at, turn_seq, queue_id)
         SELECT k.id, k.due_at, v_now, nextval('fairq.turn_seq'), k.queue_id
-          FROM fairq.wake_candidates(ARRAY[v_channel.id], ARRAY[v_due_at]) AS k
+          FROM fairq.wake_candidates(ARRAY[v_channel.id], ARRAY[v_due_at], v_now) AS k
          WHERE v_settling OR fairq.needs_wake(k.pending_due_at, k.due_at, v_now);
         v_wakes := FOUND;
     END IF;

@@ -934,3 +934,37 @@ def test_a_channel_put_off_for_a_held_message_is_back_when_its_next_one_falls_du
     travel(conn, 2 * 3_600_000)
     assert [d.id for d in dequeue(conn)] == [later]
     assert problems(conn) == []
+
+
+@pytest.mark.parametrize("producer", ["message_create", "message_create_batch"])
+@pytest.mark.parametrize("due", ["now", "in a second"])
+@pytest.mark.parametrize("outcome", ["commits", "rolls back"])
+def test_a_message_created_on_a_channel_put_off_for_a_held_message_wakes_it(
+        conn: Conn, other: Conn, producer: str, due: str, outcome: str) -> None:
+    """A dequeue that finds a channel's due message held by an open cancel puts the
+    channel off (here 5 s: the message has been due for an hour). A message created on
+    it meanwhile is served when it is due, like one on an idle channel: 0.7.33 gave it
+    no wake (the channel had a message due), so it waited for the rest of the put-off."""
+    held, _ = create(conn, "h", b"held")
+    other.execute("BEGIN")
+    try:
+        assert call(other, "message_cancel", held) == "cancelled"
+        travel(conn, 3_600_000)
+        assert dequeue(conn) == []
+        now = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
+        dequeue_at = now if due == "now" else now + timedelta(seconds=1)
+        if producer == "message_create":
+            new, _ = create(conn, "h", b"new", dequeue_at=dequeue_at)
+        else:
+            [(_, new, _)] = create_many(conn, ["h"], dequeue_ats=[dequeue_at])
+        if due != "now":
+            assert dequeue(conn) == []
+            travel(conn, 3_601_500)  # (the put-off lasts until 5 s after the first dequeue)
+        got = dequeue(conn)
+        assert [d.id for d in got] == [new]
+        assert complete(conn, got[0]) == "completed"
+    finally:
+        other.execute("COMMIT" if outcome == "commits" else "ROLLBACK")
+    travel(conn, 7_200_000)
+    assert [d.id for d in drain(conn)] == ([] if outcome == "commits" else [held])
+    assert problems(conn) == []
