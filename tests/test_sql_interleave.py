@@ -968,3 +968,34 @@ def test_a_message_created_on_a_channel_put_off_for_a_held_message_wakes_it(
     travel(conn, 7_200_000)
     assert [d.id for d in drain(conn)] == ([] if outcome == "commits" else [held])
     assert problems(conn) == []
+
+
+@pytest.mark.parametrize("outcome", ["commits", "rolls back"])
+def test_a_channel_a_producer_relies_on_is_not_put_off_for_a_held_message(
+        dsn: str, conn: Conn, other: Conn, outcome: str) -> None:
+    """An open producer transaction created a message on a channel that had one due,
+    so it queued no wake: it relies on the channel staying due (it holds the settle
+    lock shared). Then an open cancel holds that due message. A dequeue that can take
+    nothing from the channel keeps it due, and once the producer commits, its message
+    is served at once; a first form of 0.7.34 put the channel off (here for 5 s: the
+    held message has been due for an hour) under the producer's feet."""
+    held, _ = create(conn, "h", b"held")
+    travel(conn, 3_600_000)
+    with psycopg.connect(dsn, autocommit=True) as producer:
+        producer.execute("BEGIN")
+        other.execute("BEGIN")
+        try:
+            new, _ = create(producer, "h", b"new")
+            assert producer.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (0,)
+            assert call(other, "message_cancel", held) == "cancelled"
+            assert dequeue(conn) == []
+            producer.execute("COMMIT")
+            got = dequeue(conn)
+            assert [d.id for d in got] == [new]
+            assert complete(conn, got[0]) == "completed"
+        finally:
+            producer.execute("ROLLBACK")  # (a no-op after the commit)
+            other.execute("COMMIT" if outcome == "commits" else "ROLLBACK")
+    travel(conn, 7_200_000)
+    assert [d.id for d in drain(conn)] == ([] if outcome == "commits" else [held])
+    assert problems(conn) == []
