@@ -2253,8 +2253,8 @@ $$;
 -- fairq.due_for_producers). The wait grows with how long the
 -- message has been due, so a long transaction costs a look every few seconds, not one
 -- at every call; and it ends no later than the channel's next scheduled message
--- falls due. (A channel a producer relies on staying due, or with a due message
--- free again, is not put off: it stays due now.)
+-- falls due. (A channel a producer relies on staying due waits the shortest time; one
+-- with a due message free again is not put off.)
 CREATE FUNCTION fairq.held_message_wait(p_due_for interval) RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT LEAST(GREATEST(p_due_for, interval '100 milliseconds'), interval '5 seconds') $$;
@@ -2267,30 +2267,34 @@ DECLARE
     v_channel fairq.channel := fairq.channel_lock(p_channel_id);
     v_pending_due_at timestamptz := (SELECT p.due_at FROM fairq.pending_due_at(v_channel.id) AS p);
     v_look_at timestamptz := p_now;  -- the time its next turn is reckoned from
+    v_due_for interval;  -- how long the held message has been due, as the put-off counts it
 BEGIN
     v_channel.due_at := (fairq.settled_due_ats(ARRAY[v_channel.id], ARRAY[v_channel.name],
                                                ARRAY[v_pending_due_at], v_channel.queue_id, p_now))[1];
-    -- Put off only under the channel's settle lock (a producer that relies on the
-    -- channel staying due holds it: fairq.channels_wake), and when, looked at again
-    -- in the new snapshot of a statement after the lock, every due message is still
-    -- held: one committed since the pick is served now, not after the wait.
+    -- The put-off is decided under the channel's settle lock. A producer that relies
+    -- on the channel staying due (fairq.channels_wake) holds it, and then the
+    -- channel is put off only for the shortest wait: kept due, it was looked at again
+    -- by every dequeue for as long as that producer stayed open (a transaction that
+    -- cancels a channel's message and creates its replacement is one). Then, in the
+    -- new snapshot of a statement after the lock, a due message that is free again
+    -- (committed since the pick) keeps the channel due now.
     IF v_pending_due_at <= p_now THEN
-        IF fairq.settle_lock_try(v_channel.queue_id, v_channel.name) THEN
+        v_due_for := CASE WHEN fairq.settle_lock_try(v_channel.queue_id, v_channel.name)
+                          THEN p_now - v_pending_due_at ELSE interval '0' END;
+        PERFORM FROM fairq.message m
+         WHERE m.channel_id = v_channel.id AND m.status = 'ready'
+         LIMIT 1 FOR KEY SHARE SKIP LOCKED;
+        IF NOT FOUND THEN
             PERFORM FROM fairq.message m
-             WHERE m.channel_id = v_channel.id AND m.status = 'ready'
+             WHERE m.channel_id = v_channel.id AND m.status = 'scheduled' AND m.dequeue_at <= p_now
              LIMIT 1 FOR KEY SHARE SKIP LOCKED;
-            IF NOT FOUND THEN
-                PERFORM FROM fairq.message m
-                 WHERE m.channel_id = v_channel.id AND m.status = 'scheduled' AND m.dequeue_at <= p_now
-                 LIMIT 1 FOR KEY SHARE SKIP LOCKED;
-            END IF;
-            IF NOT FOUND THEN
-                v_look_at := LEAST(p_now + fairq.held_message_wait(p_now - v_pending_due_at),
-                                   (SELECT m.dequeue_at FROM fairq.message m
-                                     WHERE m.channel_id = v_channel.id AND m.status = 'scheduled'
-                                       AND m.dequeue_at > p_now
-                                     ORDER BY m.dequeue_at, m.id LIMIT 1));
-            END IF;
+        END IF;
+        IF NOT FOUND THEN
+            v_look_at := LEAST(p_now + fairq.held_message_wait(v_due_for),
+                               (SELECT m.dequeue_at FROM fairq.message m
+                                 WHERE m.channel_id = v_channel.id AND m.status = 'scheduled'
+                                   AND m.dequeue_at > p_now
+                                 ORDER BY m.dequeue_at, m.id LIMIT 1));
         END IF;
     END IF;
     PERFORM fairq.channel_store(v_channel, v_look_at, false, p_turn_seq);
@@ -2605,7 +2609,9 @@ COMMENT ON FUNCTION fairq.channel_resume(text, text) IS
 --   * a call never makes a channel less eligible while a producer that relies on it
 --     staying due holds its settle lock, and a producer that finds that lock taken
 --     queues a wake anyway, never waiting (see fairq.channels_wake), so a message
---     committed later is never stranded;
+--     committed later is never stranded (one bounded exception: a dequeue that finds
+--     the channel's due message held by another transaction puts it off for 100 ms,
+--     fairq.channel_retire);
 --   * a bounded channel admits a message only while its count is below max_size;
 --   * at most one message per (channel, dedup_key) exists at a time;
 --   * channel rows are locked in id order, like every call that locks several.

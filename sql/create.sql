@@ -11,7 +11,9 @@
 --   * a call never makes a channel less eligible while a producer that relies on it
 --     staying due holds its settle lock, and a producer that finds that lock taken
 --     queues a wake anyway, never waiting (see fairq.channels_wake), so a message
---     committed later is never stranded;
+--     committed later is never stranded (one bounded exception: a dequeue that finds
+--     the channel's due message held by another transaction puts it off for 100 ms,
+--     fairq.channel_retire);
 --   * a bounded channel admits a message only while its count is below max_size;
 --   * at most one message per (channel, dedup_key) exists at a time;
 --   * channel rows are locked in id order, like every call that locks several.

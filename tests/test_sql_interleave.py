@@ -864,17 +864,22 @@ def test_the_collector_keeps_no_lock_of_a_channel_it_leaves_to_a_bulk_producer(
     assert problems(conn) == []
 
 
+@pytest.mark.parametrize("replaced", [False, True], ids=["cancelled", "replaced"])
 @pytest.mark.parametrize("outcome", ["commits", "rolls back"])
 def test_channels_whose_last_message_an_open_transaction_cancels_cost_a_dequeue_once(
-        conn: Conn, other: Conn, outcome: str) -> None:
+        conn: Conn, other: Conn, outcome: str, replaced: bool) -> None:
     """While a transaction that cancelled the last message of many channels is open,
     dequeues see those messages pending but cannot take them. Each channel is looked
     at, then left for as long as its message has been due (at least 100 ms, at most
     5 s: fairq.held_message_wait): the first form of 0.7.33 kept it due, and every
     dequeue picked and rewrote every such channel again (each call slower than the
     one before, the old row versions kept by the open transaction). Then the channels
-    go idle (commit), or their messages are served (rollback). Read from the turns
-    the dequeues give, on the queue's clock, not from how long anything took."""
+    go idle (commit), or their messages are served (rollback). When the transaction
+    also creates a replacement on each channel, it relies on the channels staying due
+    (their settle locks): each is left for 100 ms, every time (a second form of
+    0.7.34 kept them due, and every dequeue looked at all of them again). Read from
+    the turns the dequeues give, on the queue's clock, not from how long anything
+    took."""
     ids = [create(conn, f"c{i}")[0] for i in range(50)]
 
     def waits_after(dequeue_at_shift_ms: int) -> tuple[float, float]:
@@ -892,19 +897,25 @@ def test_channels_whose_last_message_an_open_transaction_cancels_cost_a_dequeue_
 
     other.execute("BEGIN")
     try:
-        for mid in ids:
+        for i, mid in enumerate(ids):
             assert call(other, "message_cancel", mid) == "cancelled"
+            if replaced:
+                create(other, f"c{i}", b"replacement")
         shortest, _ = waits_after(0)
         assert shortest >= 0.1  # none left due now
         shortest, _ = waits_after(2_000)  # each message due for 2 s by now
-        assert shortest >= 2.0
+        assert shortest >= (0.1 if replaced else 2.0)
         shortest, longest = waits_after(3_600_000)
-        assert shortest >= 5.0 and longest <= 5.0 + 60  # (the margin: a slow machine's calls)
+        assert shortest >= (0.1 if replaced else 5.0)
+        assert longest <= 5.0 + 60  # (the margin: a slow machine's calls)
     finally:
         other.execute("COMMIT" if outcome == "commits" else "ROLLBACK")
     travel(conn, 7_200_000)
     got = dequeue(conn, n=100)
-    if outcome == "commits":
+    if outcome == "commits" and replaced:
+        assert sorted(channels_of(got)) == sorted(f"c{i}" for i in range(50))
+        assert {d.content for d in got} == {b"replacement"}
+    elif outcome == "commits":
         assert got == []
         assert conn.execute("SELECT count(*) FROM fairq.channel WHERE idle_since IS NOT NULL"
                             ).fetchone() == (50,)
@@ -976,9 +987,11 @@ def test_a_channel_a_producer_relies_on_is_not_put_off_for_a_held_message(
     """An open producer transaction created a message on a channel that had one due,
     so it queued no wake: it relies on the channel staying due (it holds the settle
     lock shared). Then an open cancel holds that due message. A dequeue that can take
-    nothing from the channel keeps it due, and once the producer commits, its message
-    is served at once; a first form of 0.7.34 put the channel off (here for 5 s: the
-    held message has been due for an hour) under the producer's feet."""
+    nothing from the channel puts it off for the shortest wait, 100 ms, and once the
+    producer commits, its message is served then; a first form of 0.7.34 put the
+    channel off (here for 5 s: the held message has been due for an hour) under the
+    producer's feet. (Kept due now, as a second form did, it was looked at again by
+    every dequeue while the producer stayed open.)"""
     held, _ = create(conn, "h", b"held")
     travel(conn, 3_600_000)
     with psycopg.connect(dsn, autocommit=True) as producer:
@@ -988,8 +1001,16 @@ def test_a_channel_a_producer_relies_on_is_not_put_off_for_a_held_message(
             new, _ = create(producer, "h", b"new")
             assert producer.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (0,)
             assert call(other, "message_cancel", held) == "cancelled"
+            before = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
             assert dequeue(conn) == []
+            # 100 ms from the dequeue's clock (the first form: 5 s; the second: none,
+            # the channel in the rotation, at '-infinity', read as NULL)
+            turn = conn.execute("SELECT CASE WHEN isfinite(turn_at) THEN turn_at END"
+                                "  FROM fairq.channel WHERE name = 'h'").fetchone()
+            assert turn is not None and turn[0] is not None
+            assert before + timedelta(milliseconds=100) <= turn[0] <= before + timedelta(seconds=4)
             producer.execute("COMMIT")
+            travel(conn, 3_601_000)  # (past the put-off, which began before this shift)
             got = dequeue(conn)
             assert [d.id for d in got] == [new]
             assert complete(conn, got[0]) == "completed"
