@@ -13,8 +13,8 @@ RETURNS timestamptz
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT CASE WHEN p_turn_at > p_now
-                     AND p_turn_at > GREATEST(p_due_at, p_paused_until,
-                                              p_last_release_at + fairq.ms(p_release_interval_ms))
+                     AND p_turn_at > fairq.next_turn(NULL, p_due_at, p_last_release_at, p_release_interval_ms,
+                                                     0, NULL, p_paused_until, p_now)
                 THEN p_turn_at ELSE p_due_at END
 $$;
 REVOKE ALL ON FUNCTION fairq.due_for_producers(timestamptz, timestamptz, timestamptz, timestamptz, bigint, timestamptz) FROM PUBLIC;

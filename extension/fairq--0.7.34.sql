@@ -1916,10 +1916,12 @@ $$;
 
 -- The due time a producer's new message is compared with (fairq.needs_wake): the
 -- channel's due_at, or its turn when a dequeue put it off for a message another
--- transaction holds (fairq.channel_retire: its turn is then later than its due
--- messages, pause and release interval allow). A message created meanwhile brings
--- that turn forward like one on an idle channel, by a wake: it was kept waiting for
--- the rest of the put-off, up to 5 s (0.7.33).
+-- transaction holds (fairq.channel_retire: its turn is then later than fairq.next_turn
+-- gives it for its due messages, pause and release interval). A message created
+-- meanwhile brings that turn forward like one on an idle channel, by a wake: it was
+-- kept waiting for the rest of the put-off, up to 5 s (0.7.33). (The first test
+-- spares a channel in the rotation, the busy case, the second; a full channel has no
+-- turn to compare.)
 CREATE FUNCTION fairq.due_for_producers(p_due_at timestamptz, p_turn_at timestamptz,
                                         p_paused_until timestamptz, p_last_release_at timestamptz,
                                         p_release_interval_ms bigint, p_now timestamptz)
@@ -1927,8 +1929,8 @@ RETURNS timestamptz
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT CASE WHEN p_turn_at > p_now
-                     AND p_turn_at > GREATEST(p_due_at, p_paused_until,
-                                              p_last_release_at + fairq.ms(p_release_interval_ms))
+                     AND p_turn_at > fairq.next_turn(NULL, p_due_at, p_last_release_at, p_release_interval_ms,
+                                                     0, NULL, p_paused_until, p_now)
                 THEN p_turn_at ELSE p_due_at END
 $$;
 

@@ -948,7 +948,7 @@ def test_a_channel_put_off_for_a_held_message_is_back_when_its_next_one_falls_du
 
 
 @pytest.mark.parametrize("producer", ["message_create", "message_create_batch"])
-@pytest.mark.parametrize("due", ["now", "in a second"])
+@pytest.mark.parametrize("due", ["now", "in two seconds"])
 @pytest.mark.parametrize("outcome", ["commits", "rolls back"])
 def test_a_message_created_on_a_channel_put_off_for_a_held_message_wakes_it(
         conn: Conn, other: Conn, producer: str, due: str, outcome: str) -> None:
@@ -963,14 +963,16 @@ def test_a_message_created_on_a_channel_put_off_for_a_held_message_wakes_it(
         travel(conn, 3_600_000)
         assert dequeue(conn) == []
         now = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
-        dequeue_at = now if due == "now" else now + timedelta(seconds=1)
+        dequeue_at = now if due == "now" else now + timedelta(seconds=2)
         if producer == "message_create":
             new, _ = create(conn, "h", b"new", dequeue_at=dequeue_at)
         else:
             [(_, new, _)] = create_many(conn, ["h"], dequeue_ats=[dequeue_at])
         if due != "now":
             assert dequeue(conn) == []
-            travel(conn, 3_601_500)  # (the put-off lasts until 5 s after the first dequeue)
+            # (Due 2 s after the clock read above, however long the calls took; the
+            # put-off lasts until 5 s after the first dequeue.)
+            travel(conn, 3_602_500)
         got = dequeue(conn)
         assert [d.id for d in got] == [new]
         assert complete(conn, got[0]) == "completed"
