@@ -1,6 +1,8 @@
 """Upgrades: installing an old released version and running ALTER EXTENSION fairq
-UPDATE yields exactly the catalog of a fresh install of the current version
-(compared as `pg_dump --schema-only`), for every released version.
+UPDATE yields exactly the catalog of a fresh install of the current version, for
+every released version: compared as `pg_dump --schema-only` and, since pg_dump leaves
+an extension's member objects out, as every object's definition read from the
+catalog (CATALOG).
 
 Released versions are the ones listed in extension/SHA256SUMS (their scripts are
 frozen; tests/test_sql_package.py checks the sums).
@@ -52,6 +54,97 @@ def schema_dump(server: Server, dbname: str) -> str:
                      and not line.startswith("\\unrestrict"))
 
 
+# What pg_dump leaves out of an extension's schema: its member objects (the dump of
+# an extension-installed fairq is "CREATE SCHEMA fairq" and nothing else). Each row
+# describes one thing of schema fairq as PostgreSQL defines it; two installs are the
+# same when their rows are. (Column order counts: `SELECT *` and the row types that
+# functions return follow it. An ACL is compared as the privileges it grants: a NULL
+# one grants its kind's defaults, which for a function include PUBLIC's EXECUTE.)
+CATALOG = """
+    WITH s AS (SELECT oid FROM pg_namespace WHERE nspname = 'fairq'),
+    member AS (SELECT classid, objid FROM pg_depend
+                WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e')
+    SELECT format('schema acl=%s member=%s', coalesce(n.nspacl, acldefault('n', n.nspowner)),
+                  EXISTS (SELECT 1 FROM member m WHERE m.classid = 'pg_namespace'::regclass
+                                                   AND m.objid = n.oid))
+      FROM pg_namespace n WHERE n.oid = (SELECT oid FROM s)
+    UNION ALL
+    SELECT format('relation %s kind=%s persistence=%s options=%s acl=%s comment=%s member=%s',
+                  c.oid::regclass, c.relkind, c.relpersistence, c.reloptions,
+                  coalesce(c.relacl, acldefault(CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char", c.relowner)),
+                  obj_description(c.oid, 'pg_class'),
+                  EXISTS (SELECT 1 FROM member m WHERE m.classid = 'pg_class'::regclass
+                                                   AND m.objid = c.oid))
+      FROM pg_class c WHERE c.relnamespace = (SELECT oid FROM s)
+    UNION ALL
+    SELECT format('column %s #%s %s %s not_null=%s default=%s identity=%s comment=%s',
+                  c.oid::regclass,
+                  row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum), a.attname,
+                  format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                  pg_get_expr(d.adbin, d.adrelid), a.attidentity, col_description(c.oid, a.attnum))
+      FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+      LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+     WHERE c.relnamespace = (SELECT oid FROM s) AND a.attnum > 0 AND NOT a.attisdropped
+    UNION ALL
+    SELECT format('index %s', pg_get_indexdef(i.indexrelid))
+      FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+     WHERE c.relnamespace = (SELECT oid FROM s)
+    UNION ALL
+    SELECT format('constraint %s %s %s', c.conrelid::regclass, c.conname, pg_get_constraintdef(c.oid))
+      FROM pg_constraint c WHERE c.connamespace = (SELECT oid FROM s)
+    UNION ALL
+    SELECT format('trigger %s', pg_get_triggerdef(t.oid))
+      FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+     WHERE c.relnamespace = (SELECT oid FROM s) AND NOT t.tgisinternal
+    UNION ALL
+    SELECT format('view %s %s', c.oid::regclass, pg_get_viewdef(c.oid))
+      FROM pg_class c WHERE c.relnamespace = (SELECT oid FROM s) AND c.relkind IN ('v', 'm')
+    UNION ALL
+    SELECT format('sequence %s %s start=%s increment=%s min=%s max=%s cycle=%s owned_by=%s',
+                  q.seqrelid::regclass, format_type(q.seqtypid, NULL), q.seqstart, q.seqincrement,
+                  q.seqmin, q.seqmax, q.seqcycle,
+                  (SELECT format('%s.%s', d.refobjid::regclass, a.attname)
+                     FROM pg_depend d JOIN pg_attribute a ON a.attrelid = d.refobjid
+                                                          AND a.attnum = d.refobjsubid
+                    WHERE d.classid = 'pg_class'::regclass AND d.objid = q.seqrelid
+                      AND d.deptype = 'a'))
+      FROM pg_sequence q JOIN pg_class c ON c.oid = q.seqrelid
+     WHERE c.relnamespace = (SELECT oid FROM s)
+    UNION ALL
+    SELECT format('function %s acl=%s comment=%s member=%s %s', p.oid::regprocedure,
+                  coalesce(p.proacl, acldefault('f', p.proowner)),
+                  obj_description(p.oid, 'pg_proc'),
+                  EXISTS (SELECT 1 FROM member m WHERE m.classid = 'pg_proc'::regclass
+                                                   AND m.objid = p.oid),
+                  pg_get_functiondef(p.oid))
+      FROM pg_proc p WHERE p.pronamespace = (SELECT oid FROM s)
+    UNION ALL
+    SELECT format('type %s kind=%s labels=%s acl=%s comment=%s member=%s', t.oid::regtype,
+                  t.typtype,
+                  (SELECT array_agg(e.enumlabel ORDER BY e.enumsortorder)
+                     FROM pg_enum e WHERE e.enumtypid = t.oid),
+                  coalesce(t.typacl, acldefault('T', t.typowner)), obj_description(t.oid, 'pg_type'),
+                  EXISTS (SELECT 1 FROM member m WHERE m.classid = 'pg_type'::regclass
+                                                   AND m.objid = t.oid))
+      FROM pg_type t
+     WHERE t.typnamespace = (SELECT oid FROM s) AND t.typtype <> 'c'
+       AND NOT EXISTS (SELECT 1 FROM pg_type e WHERE e.typarray = t.oid)
+    UNION ALL
+    SELECT format('extension %s config=%s conditions=%s', e.extversion,
+                  (SELECT array_agg(c::regclass::text ORDER BY c::regclass::text)
+                     FROM unnest(e.extconfig) AS c),
+                  (SELECT array_agg(x ORDER BY x) FROM unnest(e.extcondition) AS x))
+      FROM pg_extension e WHERE e.extname = 'fairq'
+    ORDER BY 1
+"""
+
+
+def catalog(server: Server, dbname: str) -> list[str]:
+    """Every object of schema fairq, described from the catalog (see CATALOG)."""
+    with psycopg.connect(server.dsn(dbname)) as conn:
+        return [str(row[0]) for row in conn.execute(CATALOG)]
+
+
 def test_every_upgrade_script_starts_from_a_released_version() -> None:
     released = set(released_versions())
     for source, target in upgrade_scripts():
@@ -86,6 +179,7 @@ def test_upgraded_install_equals_fresh_install(server: Server, old: str) -> None
                                     (message_id, attempts)).fetchone() == ("completed",)
             assert conn.execute("SELECT * FROM fairq.check()").fetchall() == []
         assert schema_dump(server, upgraded) == schema_dump(server, fresh)
+        assert catalog(server, upgraded) == catalog(server, fresh)
     finally:
         server.drop_database(fresh)
         server.drop_database(upgraded)
