@@ -47,6 +47,11 @@ ALTER SEQUENCE fairq.queue_id_seq OWNED BY fairq.queue.id;
 
 -- Every dequeue rewrites its channel's turn (an indexed column), so channel updates
 -- cannot be HOT: leave room on each page and vacuum the small, hot table often.
+-- Vacuum never truncates the tables that queue traffic rewrites all the time (this
+-- one, channel_wake, channel_size, channel_size_change, message): a truncation needs
+-- the table's exclusive lock, which traffic never lets it have, and autovacuum's
+-- worker waited up to 5 s for it at each visit, then gave up, while dead rows piled up
+-- in the tables it had not reached yet. The pages stay, and are filled again.
 CREATE TABLE fairq.channel (
     id                  bigint      NOT NULL DEFAULT nextval('fairq.channel_id_seq') PRIMARY KEY,
     name                text        NOT NULL,
@@ -71,7 +76,8 @@ CREATE TABLE fairq.channel (
     CONSTRAINT channel_queue_id_name_key UNIQUE (queue_id, name)
 ) WITH (fillfactor = 50,
         autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
-        autovacuum_analyze_scale_factor = 0.05, autovacuum_vacuum_cost_delay = 0);
+        autovacuum_analyze_scale_factor = 0.05, autovacuum_vacuum_cost_delay = 0,
+        vacuum_truncate = false);
 ALTER SEQUENCE fairq.channel_id_seq OWNED BY fairq.channel.id;
 
 -- The dequeue's lookups, within one queue: the rotation ('-infinity', by pass), then
@@ -104,7 +110,7 @@ CREATE TABLE fairq.channel_wake (
     turn_seq   bigint      NOT NULL,
     queue_id   integer     NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
-        autovacuum_vacuum_cost_delay = 0);
+        autovacuum_vacuum_cost_delay = 0, vacuum_truncate = false);
 -- A channel's wakes, earliest due first: a producer asks for the earliest, and for
 -- the latest due by its message's time, in one probe however many are queued (a
 -- producer gone bulk queues one per channel per transaction, and until dequeues
@@ -118,7 +124,8 @@ CREATE INDEX channel_wake_turn_ix ON fairq.channel_wake (queue_id, (GREATEST(due
 CREATE TABLE fairq.channel_size (
     channel_id bigint  NOT NULL PRIMARY KEY,
     size       integer NOT NULL
-) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
+        vacuum_truncate = false);
 
 -- What left a bounded channel (or came back to it) outside its producers' lock:
 -- completions, failures, cancels, burials and retries insert their change here
@@ -128,7 +135,7 @@ CREATE TABLE fairq.channel_size (
 CREATE TABLE fairq.channel_size_change (
     channel_id bigint  NOT NULL,
     delta      integer NOT NULL
-) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, vacuum_truncate = false);
 CREATE INDEX channel_size_change_channel_ix ON fairq.channel_size_change (channel_id);
 
 CREATE TABLE fairq.message (
@@ -150,7 +157,8 @@ CREATE TABLE fairq.message (
     attempts_at_retry bigint               NOT NULL DEFAULT 0,
     queue_id          integer              NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
-        autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
+        autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0,
+        vacuum_truncate = false);
 ALTER SEQUENCE fairq.message_id_seq OWNED BY fairq.message.id;
 
 -- A channel's best ready message: priority first, then schedule, then arrival.
