@@ -298,10 +298,20 @@ def test_a_call_without_conn_inside_a_transaction_on_a_shared_connection_joins_i
                 raise RuntimeError("roll back")
             assert queue.dequeue(LOCK) == []  # rolled back with the block
 
-    done = threading.Thread(target=body, daemon=True)
+    failed: list[BaseException] = []
+
+    def checked() -> None:  # a thread's failed assertion only warns: keep it for below
+        try:
+            body()
+        except BaseException as exc:
+            failed.append(exc)
+
+    done = threading.Thread(target=checked, daemon=True)
     done.start()
     done.join(30)
     assert not done.is_alive(), "the call waited for its own transaction's lock"
+    if failed:
+        raise failed[0]
 
     async def scenario() -> None:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:

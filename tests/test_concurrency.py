@@ -62,6 +62,8 @@ class Monitor:
 
     dsn: str
     samples: int = 0
+    checks: int = 0  # fairq.check() runs
+    error: BaseException | None = None  # what ended the thread early, if anything
     cap_violations: list[tuple[Any, ...]] = field(default_factory=list)
     counter_drift: list[tuple[Any, ...]] = field(default_factory=list)
     problems: list[tuple[Any, ...]] = field(default_factory=list)
@@ -79,7 +81,21 @@ class Monitor:
         assert self._thread is not None
         self._thread.join(10)
 
+    def assert_ran(self) -> None:
+        """A thread's exception only warns: had the monitor failed, every count it
+        keeps would read zero."""
+        if self.error is not None:
+            raise AssertionError(f"the monitor failed after {self.samples} samples") from self.error
+        assert self._thread is not None and not self._thread.is_alive(), "the monitor did not stop"
+        assert self.checks > 0, "fairq.check() never ran during the load"
+
     def _run(self) -> None:
+        try:
+            self._sample()
+        except BaseException as exc:
+            self.error = exc
+
+    def _sample(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             last_check = 0.0
             while not self._stop.is_set():
@@ -102,6 +118,7 @@ class Monitor:
                 if time.monotonic() - last_check > 0.5:
                     last_check = time.monotonic()
                     self.problems += conn.execute("SELECT * FROM fairq.check()").fetchall()
+                    self.checks += 1
                 time.sleep(0.01)
 
 
@@ -190,7 +207,7 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
             return int(db.execute("SELECT count(*) FROM fairq.message").fetchone()[0])  # type: ignore[index]
 
         hard_end = time.monotonic() + 240  # a failure net only: the run ends by progress
-        while time.monotonic() < hard_end:
+        while time.monotonic() < hard_end and monitor.error is None:
             for i, proc in enumerate(pool):
                 if not stopped(proc):
                     continue
@@ -213,7 +230,7 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
                 pool[i] = new_worker(queue_of[i])
                 names[pool[i].pid] = f"w{serial}"
             if (all(p.poll() is not None for p in prods) and remaining() == 0
-                    and monitor.samples > 0):
+                    and monitor.checks > 0):
                 finished = True
                 break
             time.sleep(0.02)
@@ -223,6 +240,7 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
             if p.poll() is None:  # running, or stopped and not yet killed
                 p.kill()
             p.wait()
+    monitor.assert_ran()
     for p in prods:
         assert p.returncode == 0, (logdir / "p0.err").read_text()
 
@@ -249,6 +267,7 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
         "messages held at the kills": held_at_kills,
         **{f"kills {k}": v for k, v in stop_points.items()},
         "monitor samples": monitor.samples,
+        "check() runs during load": monitor.checks,
         "cap violations": len(monitor.cap_violations),
         "in_flight drift samples": len(monitor.counter_drift),
         "check() problems during load": len(monitor.problems),
@@ -274,7 +293,7 @@ def run_load(dsn: str, db: psycopg.Connection[Any], logdir: Path, *, channels: l
     assert {k: counts[k] for k in must_be_zero} == dict.fromkeys(must_be_zero, 0), details
     assert counts["created"] == producers * per_producer
     assert problems_at_end == []
-    assert killed > 0 and monitor.samples > 0
+    assert killed > 0 and monitor.checks > 0
     assert held_at_kills >= killed  # each worker stopped itself holding messages
     assert killed_holding > 0, "no kill hit a worker while the database showed its messages locked"
     return counts

@@ -125,7 +125,9 @@ def test_batch_dequeue_equals_single_dequeues(dsn: str) -> None:
                     got.append(d)
             return [(d.channel, d.content) for d in got]
 
-    assert run(batch=True) == run(batch=False)
+    singles = run(batch=False)
+    assert len(singles) == 14
+    assert run(batch=True) == singles
 
 
 def test_channels_that_join_during_a_batch_wait_behind_the_rotation(conn: Conn) -> None:

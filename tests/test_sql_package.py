@@ -351,3 +351,17 @@ def test_released_scripts_keep_their_recorded_sha256() -> None:
         assert path.is_file(), f"{name} is listed in SHA256SUMS but missing"
         assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, (
             f"{name} changed after its release: ship the change as a new version")
+
+
+def test_every_script_of_an_earlier_version_is_recorded_as_released() -> None:
+    """Only the version under development may still change: a script of an earlier
+    one missing from SHA256SUMS would be unfrozen, and its version left out of the
+    upgrade tests."""
+    listed = {line.split()[-1].lstrip("*") for line in
+              (EXTENSION / "SHA256SUMS").read_text().splitlines() if line.strip()}
+    current = re.search(r"default_version\s*=\s*'([^']+)'",
+                        (EXTENSION / "fairq.control").read_text())
+    assert current
+    unlisted = [p.name for p in EXTENSION.glob("fairq--*.sql") if p.name not in listed
+                and not p.name.endswith(f"{current.group(1)}.sql")]
+    assert unlisted == []

@@ -1,8 +1,9 @@
 """Upgrades: installing an old released version and running ALTER EXTENSION fairq
 UPDATE yields exactly the catalog of a fresh install of the current version, for
-every released version: compared as `pg_dump --schema-only` and, since pg_dump leaves
-an extension's member objects out, as every object's definition read from the
-catalog (CATALOG).
+every released version: every object's definition read from the catalog (CATALOG).
+(`pg_dump --schema-only` leaves an extension's member objects out, so it would
+compare two empty schemas; schema_dump serves tests/test_install.py, whose plain
+installs it does show.)
 
 Released versions are the ones listed in extension/SHA256SUMS (their scripts are
 frozen; tests/test_sql_package.py checks the sums).
@@ -178,7 +179,6 @@ def test_upgraded_install_equals_fresh_install(server: Server, old: str) -> None
                 assert conn.execute("SELECT fairq.message_complete(%s, %s)",
                                     (message_id, attempts)).fetchone() == ("completed",)
             assert conn.execute("SELECT * FROM fairq.check()").fetchall() == []
-        assert schema_dump(server, upgraded) == schema_dump(server, fresh)
         assert catalog(server, upgraded) == catalog(server, fresh)
     finally:
         server.drop_database(fresh)
