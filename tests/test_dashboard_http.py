@@ -482,7 +482,7 @@ def test_fairq_metrics_holds_two_connections_however_many_scrape(dsn: str, scene
                 most = max(most, int(row[0]) if row else 0)
                 time.sleep(0.01)
             locker.execute("ROLLBACK")
-        assert 1 <= most <= EXPORTER_CONNECTIONS
+        assert most == EXPORTER_CONNECTIONS  # reached, never passed
         assert Client(url, Csrf()).get("/metrics")  # and it serves on
     finally:
         process.send_signal(signal.SIGTERM)
