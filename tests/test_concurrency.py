@@ -378,12 +378,14 @@ RACE_BULK_BACKLOG = 1_000
 @pytest.mark.parametrize("shape", ["batch", "bulk"])
 def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: Any, shape: str) -> None:
     """Batch producers over many sparse channels, with batch workers draining them as
-    fast as they fill: channels go idle and are woken again all the time, and a
-    producer that finds a channel's row held queues its wake instead of waiting
-    (fairq.channels_wake). Every created message is completed exactly once, the queue
-    and the queued wakes end empty, and the race did queue wakes. In the bulk shape the
-    workers' calls settle hundreds of channels each (bulk settle and policy locks)
-    while single producers rely on channels staying due."""
+    fast as they fill: channels go idle and are woken again all the time (producers
+    queue wakes, fairq.channels_wake; they never lock a channel row). Every created
+    message is completed exactly once, the queue and the queued wakes end empty, and
+    the race did queue wakes. In the bulk shape the workers' calls settle hundreds of
+    channels each (bulk settle and policy locks) while single producers rely on
+    channels staying due. (That any given interleaving happened is not checked here:
+    the deterministic ones are tests/test_sql_interleave.py's and the isolation
+    specs'.)"""
     bulk = shape == "bulk"
     channels = [f"w{i}" for i in range(1_500 if bulk else 60)]
     per_call = 400 if bulk else 10
@@ -493,5 +495,5 @@ def test_batch_producers_racing_on_idle_channels_strand_nothing(dsn: str, db: An
     assert db.execute("SELECT count(*) FROM fairq.channel_wake").fetchone() == (0,)
     assert db.execute("SELECT * FROM fairq.check()").fetchall() == []
     assert raced and queued >= RACE_MIN_WAKES, \
-        "the race never queued a wake: it did not test what it claims"
+        "no channel went idle and was woken again: the race did not test what it claims"
     assert not bulk or bulk_calls[0] >= RACE_BULK_CALLS, "too few calls settled in bulk"
