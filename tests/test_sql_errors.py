@@ -28,6 +28,7 @@ from sqlq import (
     dequeue,
     dequeue_one,
     problems,
+    travel,
 )
 
 NOT_NULL = "22004"  # null_value_not_allowed
@@ -482,10 +483,14 @@ def test_largest_valid_release_interval_keeps_the_channel_usable(conn: Conn) -> 
     assert problems(conn) == []
 
 
-@pytest.mark.parametrize("lock_ms", [INT8_MAX, 10**16], ids=["bigint max", "10^16"])
-def test_largest_valid_lock_ms_is_honoured_or_refused_as_invalid(conn: Conn, lock_ms: int) -> None:
-    """p_lock_ms >= 1 is valid (SPEC); a lock beyond the end of time may be refused, but
-    as an invalid argument (22023 naming p_lock_ms), not as a datetime overflow."""
+TEN_YEARS_MS = 315_360_000_000  # the longest duration (README, "Limits")
+
+
+@pytest.mark.parametrize("lock_ms", [TEN_YEARS_MS + 1, 10**16, INT8_MAX],
+                         ids=["ten years and 1 ms", "10^16", "bigint max"])
+def test_a_lock_beyond_ten_years_is_refused_as_invalid(conn: Conn, lock_ms: int) -> None:
+    """Durations are at most ten years: a longer p_lock_ms is an invalid argument
+    (22023 naming p_lock_ms), not a datetime overflow, and changes nothing."""
     create(conn, "a")
     create(conn, "b")
     d = dequeue_one(conn)
@@ -493,11 +498,22 @@ def test_largest_valid_lock_ms_is_honoured_or_refused_as_invalid(conn: Conn, loc
     for sql, args in (("SELECT id FROM fairq.message_dequeue(%s::bigint)", (lock_ms,)),
                       ("SELECT fairq.message_heartbeat(%s, %s, %s::bigint)",
                        (d.id, d.num_attempts, lock_ms))):
-        try:
+        with pytest.raises(psycopg.Error) as refused:
             conn.execute(sql, args)
-        except psycopg.Error as e:
-            assert (e.sqlstate, "p_lock_ms" in str(e)) == (INVALID, True), (
-                f"{sql}: {e.sqlstate} {e}")
+        assert (refused.value.sqlstate, "p_lock_ms" in str(refused.value)) == (INVALID, True), sql
+    assert problems(conn) == []
+    assert complete(conn, d) == "completed"  # still held, with its token
+    assert [m.channel for m in dequeue(conn)] == ["b"]  # still ready
+
+
+def test_a_lock_of_ten_years_is_honoured(conn: Conn) -> None:
+    create(conn, "a")
+    d = dequeue_one(conn, lock_ms=TEN_YEARS_MS)
+    assert d is not None
+    assert call(conn, "message_heartbeat", d.id, d.num_attempts, TEN_YEARS_MS) == "heartbeated"
+    travel(conn, 9 * 365 * 86_400_000)  # nine years on: still held
+    assert dequeue(conn) == []
+    assert complete(conn, d) == "completed"
     assert problems(conn) == []
 
 
