@@ -50,7 +50,7 @@ ALTER SEQUENCE fairq.queue_id_seq OWNED BY fairq.queue.id;
 -- Vacuum never truncates the tables that queue traffic rewrites all the time (this
 -- one, channel_wake, channel_size, channel_size_change, message): a truncation needs
 -- the table's exclusive lock, which traffic never lets it have, and autovacuum's
--- worker waited up to 5 s for it at each visit, then gave up, while dead rows piled up
+-- worker waited up to 5 s for it at many visits, then gave up, while dead rows piled up
 -- in the tables it had not reached yet. The pages stay, and are filled again.
 CREATE TABLE fairq.channel (
     id                  bigint      NOT NULL DEFAULT nextval('fairq.channel_id_seq') PRIMARY KEY,
