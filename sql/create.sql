@@ -16,7 +16,9 @@
 --     fairq.channel_retire);
 --   * a bounded channel admits a message only while its count is below max_size;
 --   * at most one message per (channel, dedup_key) exists at a time;
---   * channel rows are locked in id order, like every call that locks several.
+--   * channel rows are locked in id order, like every call that locks several, and
+--     messages with a dedup key are inserted in (channel id, key) order: a keyed
+--     insert waits for an uncommitted one of the same key.
 -- message_create_batch is the one complete code path. message_create takes a short
 -- path for every channel without max_size (about 6 statements instead of 30), and
 -- is message_create_batch of one element for a bounded channel; the model test
@@ -192,7 +194,11 @@ BEGIN
             (id, channel_id, status, priority, dequeue_at, created_at, dedup_key, content, queue_id)
         SELECT r.new_id, r.channel_id, r.status, r.priority, r.dequeue_at, r.created_at, r.dedup_key,
                r.content, r.queue_id
-          FROM to_insert r WHERE r.dedup_key IS NOT NULL ORDER BY r.i
+          FROM to_insert r WHERE r.dedup_key IS NOT NULL
+         -- (A keyed insert waits for an uncommitted one of the same key: in element
+         -- order, two batches listing shared keys in different orders waited for each
+         -- other. One order for every batch, as for the channels' locks.)
+         ORDER BY r.channel_id, r.dedup_key
         ON CONFLICT (channel_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         RETURNING fairq.message.id
     )

@@ -72,7 +72,10 @@ AS $$
                 THEN format(' since the last retry (%s in all)', p_num_attempts) ELSE '' END
 $$;
 
--- Step 1. Returns how many expired locks it settled.
+-- Step 1. Returns how many expired messages it locked: those it settled, and those
+-- whose channel was busy, left to a later dequeue. The caller holds the locks of
+-- both until it commits, so it must not wait for another call after this
+-- (fairq.wait_for_release): the holder completing such a message waits for it.
 CREATE FUNCTION fairq.recover_expired(p_queue_id integer, p_now timestamptz, p_limit integer) RETURNS integer
 LANGUAGE plpgsql
 AS $$
@@ -92,7 +95,10 @@ BEGIN
     LOOP
         SELECT * INTO v_channel FROM fairq.channel
          WHERE id = v_message.channel_id FOR NO KEY UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND; -- its channel is busy; a later dequeue recovers it
+        IF NOT FOUND THEN
+            v_count := v_count + 1;  -- its channel is busy; a later dequeue recovers it
+            CONTINUE;
+        END IF;
         v_channel := fairq.channel_with_wakes(v_channel);
         v_exhausted := fairq.attempts_exhausted(v_message.num_attempts, v_message.attempts_at_retry,
                                                 v_channel.max_attempts, true);
@@ -292,7 +298,8 @@ BEGIN
         PERFORM fairq.require_channel_name(p_queue, 'p_queue');
         RETURN;  -- nobody has named this queue yet: nothing in it
     END IF;
-    -- Step 1. (A recovered message's channel may now wait to join.)
+    -- Step 1. (A recovered message's channel may now wait to join; the call holds
+    -- the locks recovery took.)
     IF v_expired AND fairq.recover_expired(v_queue_id, v_now, p_max_messages) > 0 THEN
         v_holds_locks := true;
         v_joiners := true;

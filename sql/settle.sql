@@ -39,15 +39,22 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT CASE WHEN p_status = 'locked' THEN p_num_attempts END $$;
 
 -- The message, locked for update, if its caller still holds it (status 'locked' and
--- the caller's num_attempts); else NULL.
+-- the caller's num_attempts); else NULL, and nothing locked: a stale call that
+-- locked a message recovered and ready again made a dequeue take its channel for
+-- busy and put it off for up to 5 s (fairq.channel_retire). (The holder's test is
+-- in the lookup, rechecked on the row's newest version after a wait for its lock;
+-- written through fairq.held_attempts, it cannot be served by the partial index of
+-- locked messages, which a plan cached while few were locked would read whole.)
 CREATE FUNCTION fairq.held_message(p_id bigint, p_num_attempts bigint) RETURNS fairq.message
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_message fairq.message;
 BEGIN
-    SELECT * INTO v_message FROM fairq.message WHERE id = p_id FOR UPDATE;
-    IF fairq.held_attempts(v_message.status, v_message.num_attempts) = p_num_attempts THEN
+    SELECT * INTO v_message FROM fairq.message m
+     WHERE m.id = p_id AND fairq.held_attempts(m.status, m.num_attempts) = p_num_attempts
+       FOR UPDATE;
+    IF FOUND THEN
         RETURN v_message;
     END IF;
     RETURN NULL;
@@ -85,16 +92,19 @@ BEGIN
     END IF;
 
     -- Messages first, in id order, then channels in id order: the global lock order.
-    -- Of the locked messages, those the caller still holds are settled: the elements
-    -- are answered as message_complete would answer them one after the other, so an id
-    -- listed twice is settled by its first element that holds its token. (OFFSET 0
-    -- keeps the filter out of the locking subquery, so messages are found by id, never
-    -- by reading every lock in message_locked_ix. A join on (id, token), not a lookup
-    -- in the arrays per message: array_position per message made a batch of n cost n²
-    -- comparisons.)
+    -- Only messages in flight are locked (as in fairq.held_message: never a ready one
+    -- a dequeue may be about to take). Of those, the ones the caller still holds are
+    -- settled: the elements are answered as message_complete would answer them one
+    -- after the other, so an id listed twice is settled by its first element that
+    -- holds its token. (OFFSET 0 keeps the tokens' join out of the locking subquery,
+    -- so messages are found by id, never by reading every lock in message_locked_ix.
+    -- A join on (id, token), not a lookup in the arrays per message: array_position
+    -- per message made a batch of n cost n² comparisons.)
     v_claimed := ARRAY(
         SELECT m.id
-          FROM (SELECT * FROM fairq.message m WHERE m.id = ANY (p_ids) ORDER BY m.id
+          FROM (SELECT * FROM fairq.message m
+                 WHERE m.id = ANY (p_ids) AND fairq.held_attempts(m.status, m.num_attempts) IS NOT NULL
+                 ORDER BY m.id
                    FOR UPDATE OFFSET 0) m
          WHERE EXISTS (SELECT 1 FROM unnest(p_ids, p_num_attempts) AS u(id, num_attempts)
                         WHERE u.id = m.id
