@@ -710,17 +710,22 @@ $$;
 -- A worker's transaction may complete a message and then produce on its channel
 -- (policy lock, then producer lock), or the other way round, and no single order of
 -- the two kinds suits both: holding one kind while waiting for the other deadlocked
--- with one of them. So the first kind is waited for as long as it takes, the second
--- only for fairq.second_lock_wait() (well below PostgreSQL's deadlock_timeout); past
--- that, everything taken here is let go and the kinds are taken the other way round.
--- A transaction that needs the lock held here then waits at most that long, and a
--- holder that needs nothing more is waited for in full, in the next round.
--- The channel's row is a third thing such a transaction may hold (its settlement
+-- with one of them. So each round waits for one lock as long as it takes, holding
+-- nothing else, and then for every other one only fairq.second_lock_wait() (well
+-- below PostgreSQL's deadlock_timeout); past that, everything taken is let go and
+-- the next round waits first for another of them: the channel's producer lock, its
+-- policy lock, the queue's bulk producer lock, the queue's bulk policy lock, in
+-- turn. A transaction that needs a lock held here then waits at most that long, and
+-- a holder that needs nothing more is waited for in full, in its round. (Until
+-- 0.7.36 the bulk locks were waited for in full while the channel's lock was held: a
+-- bulk producer left open held up every producer of the channel for as long, and
+-- one that then waited for such a producer's new channel row deadlocked with it.)
+-- The channel's row is a further thing such a transaction may hold (its settlement
 -- wrote it) before it produces on the channel: each round first waits out the row's
--- holder while holding nothing, and once the first kind is held, every wait for the
--- row (the insert's unique check, the row lock) is the second kind's. (0.7.31 waited
--- for the row holding the producer lock: with a worker that deferred, failed or
--- completed a capped channel's message and then produced on it, that deadlocked.)
+-- holder while holding nothing, and every later wait for the row (the insert's
+-- unique check, the row lock) is bounded like the others. (0.7.31 waited for the
+-- row holding the producer lock: with a worker that deferred, failed or completed a
+-- capped channel's message and then produced on it, that deadlocked.)
 CREATE FUNCTION fairq.second_lock_wait() RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT interval '50 milliseconds' $$;
@@ -736,15 +741,14 @@ DECLARE
                   AND v_caller_lock_timeout::interval < fairq.second_lock_wait()
              THEN v_caller_lock_timeout
              ELSE (extract(epoch FROM fairq.second_lock_wait()) * 1000)::bigint || 'ms' END;
-    v_policy_first boolean := false;
+    v_round integer := 0;  -- which lock this round waits for in full (0 to 3, above)
     v_waiting_for_second boolean;
-    v_channel_id bigint;  -- the row whose policy lock this round holds
-    v_row_id bigint;      -- the row there is under the producer lock
+    v_first_id bigint;  -- the row whose policy lock a round of the policy lock took first
+    v_row_id bigint;    -- the row there is under the producer lock
     v_channel fairq.channel;
 BEGIN
     LOOP
         v_waiting_for_second := false;
-        v_channel_id := NULL;
         BEGIN
             PERFORM FROM fairq.channel c WHERE c.queue_id = p_queue_id AND c.name = p_channel
                FOR NO KEY UPDATE;
@@ -753,32 +757,36 @@ BEGIN
             NULL;
         END;
         BEGIN  -- a subtransaction: its rollback lets go of the locks taken in it
-            IF v_policy_first THEN
-                -- (A channel not made yet has nothing in flight: no completion to wait for.)
-                v_channel_id := (SELECT c.id FROM fairq.channel c
-                                  WHERE c.queue_id = p_queue_id AND c.name = p_channel);
-                PERFORM pg_advisory_xact_lock(fairq.policy_lock_class(), fairq.policy_lock_key(v_channel_id))
-                 WHERE v_channel_id IS NOT NULL;
-                PERFORM pg_advisory_xact_lock(fairq.bulk_policy_lock_class(), p_queue_id);
-            END IF;
-            v_waiting_for_second := v_policy_first;
-            PERFORM set_config('lock_timeout', v_second_lock_timeout, true) WHERE v_policy_first;
-            PERFORM pg_advisory_xact_lock(fairq.producer_lock_class(), fairq.producer_lock_key(p_queue_id, p_channel));
-            PERFORM pg_advisory_xact_lock(fairq.bulk_producer_lock_class(), p_queue_id);
+            CASE v_round
+                WHEN 0 THEN
+                    PERFORM pg_advisory_xact_lock(fairq.producer_lock_class(),
+                                                  fairq.producer_lock_key(p_queue_id, p_channel));
+                WHEN 1 THEN
+                    -- (A channel not made yet has nothing in flight: no completion to wait for.)
+                    v_first_id := (SELECT c.id FROM fairq.channel c
+                                    WHERE c.queue_id = p_queue_id AND c.name = p_channel);
+                    PERFORM pg_advisory_xact_lock(fairq.policy_lock_class(), fairq.policy_lock_key(v_first_id))
+                     WHERE v_first_id IS NOT NULL;
+                WHEN 2 THEN
+                    PERFORM pg_advisory_xact_lock(fairq.bulk_producer_lock_class(), p_queue_id);
+                ELSE
+                    PERFORM pg_advisory_xact_lock(fairq.bulk_policy_lock_class(), p_queue_id);
+            END CASE;
+            -- The rest, in the usual order (a lock this round already holds is taken
+            -- again at once), each waited for briefly.
             v_waiting_for_second := true;
             PERFORM set_config('lock_timeout', v_second_lock_timeout, true);
+            PERFORM pg_advisory_xact_lock(fairq.producer_lock_class(), fairq.producer_lock_key(p_queue_id, p_channel));
+            PERFORM pg_advisory_xact_lock(fairq.bulk_producer_lock_class(), p_queue_id);
             INSERT INTO fairq.channel (queue_id, name) VALUES (p_queue_id, p_channel)
             ON CONFLICT (queue_id, name) DO NOTHING;
+            -- (The row now, under the producer lock: the channel may have been collected,
+            -- or made, since a round of the policy lock looked it up.)
             v_row_id := (SELECT c.id FROM fairq.channel c
                           WHERE c.queue_id = p_queue_id AND c.name = p_channel);
-            IF v_channel_id IS DISTINCT FROM v_row_id THEN
-                -- Policy second, or the channel was collected (or made) before the
-                -- producer lock kept it: its row now is the one to lock.
-                v_channel_id := v_row_id;
-                PERFORM pg_advisory_xact_lock(fairq.policy_lock_class(), fairq.policy_lock_key(v_channel_id));
-                PERFORM pg_advisory_xact_lock(fairq.bulk_policy_lock_class(), p_queue_id);
-            END IF;
-            v_channel := fairq.channel_lock(v_channel_id);
+            PERFORM pg_advisory_xact_lock(fairq.policy_lock_class(), fairq.policy_lock_key(v_row_id));
+            PERFORM pg_advisory_xact_lock(fairq.bulk_policy_lock_class(), p_queue_id);
+            v_channel := fairq.channel_lock(v_row_id);
             PERFORM set_config('lock_timeout', v_caller_lock_timeout, true);
             RETURN v_channel;
         EXCEPTION WHEN lock_not_available THEN
@@ -786,7 +794,7 @@ BEGIN
                 RAISE;
             END IF;
         END;
-        v_policy_first := NOT v_policy_first;
+        v_round := (v_round + 1) % 4;
     END LOOP;
 END
 $$;

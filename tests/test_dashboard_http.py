@@ -209,6 +209,69 @@ def test_a_name_with_line_breaks_is_acted_on_as_itself(dsn: str, scene: Scene,
     assert paused == [(name, name)]
 
 
+TWIN = "ac\u200bme"  # "acme" with a zero-width space
+REVERSER = "<b>x</b>\u202e"  # a right-to-left override, then whatever follows it
+UNSEEN = re.compile(r"[\u200b\u202e\x00-\x09\x0b-\x1f]")  # (a page's own lines aside)
+
+
+def test_names_that_would_look_alike_or_spill_are_shown_escaped(dsn: str, serve: Any) -> None:
+    """A tenant's zero-width space made a twin of channel "acme" that looked the same,
+    and an operator's Pause could act on either; a bidi override ran into the text
+    after the name (the notice read backwards). The pages, the notice and /metrics
+    show such characters as escapes, and a backslash doubled."""
+    names = ("acme", TWIN, REVERSER, "tab\there", "back\\slash")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name in names:
+            conn.execute("SELECT fairq.message_create(%s, 'x', p_queue => 'shown')", (name,))
+    client = serve(dsn)
+    page = client.get("/channels?queue=shown")
+    cells = sorted(re.findall(r'<td class="channel">([^<]*(?:<[^/][^<]*)*)</td>', page))
+    assert cells == sorted(["acme", "ac\\u200bme", "&lt;b&gt;x&lt;/b&gt;\\u202e",
+                            "tab\\x09here", "back\\\\slash"])
+    # (Only the rows' data attributes, which nothing displays, keep the names as they are.)
+    assert not UNSEEN.search(re.sub(r'data-channel="[^"]*"', "", page))
+    fields = re.findall(r'name="(queue|channel)" value="([^"]*)"', page)
+    forms = [dict(fields[i:i + 2]) for i in range(2, len(fields), 2)]  # after the queue's
+    reverser_form = next(f for f in forms if f["channel"] == "%3Cb%3Ex%3C%2Fb%3E%E2%80%AE")
+    token = client.token("/channels?queue=shown")
+    status, headers, _ = client.post("pause-channel", {**reverser_form, "seconds": "",
+                                                       "csrf_token": token})
+    assert status == 303
+    notice = client.get(headers["location"])
+    assert "channel &lt;b&gt;x&lt;/b&gt;\\u202e paused" in notice
+    status, headers, text = client.request("GET", "/metrics")
+    assert status == 200 and headers["x-content-type-options"] == "nosniff"
+    labels = {dict(key[1]).get("channel") for key in metrics(text)} - {None}
+    assert {"ac\\u200bme", "tab\\x09here", "back\\\\slash"} <= labels
+    assert not UNSEEN.search(text)
+
+
+def test_a_form_whose_bytes_are_not_utf8_changes_nothing(dsn: str, scene: Scene,
+                                                          serve: Any) -> None:
+    """Replaced by U+FFFD, such bytes named another channel, which the pause then made."""
+    paused_channels = ("SELECT count(*) FILTER (WHERE channel LIKE '%\ufffd%'),"
+                       " count(*) FILTER (WHERE paused_until IS NOT NULL) FROM fairq.channels")
+    with psycopg.connect(dsn) as conn:
+        before = conn.execute(paused_channels).fetchone()
+    client = serve(dsn)
+    token = client.token()
+    for channel in (b"\xff\xfe", "%FF%FE"):  # the form's bytes; the name's encoding
+        status, _, text = client.post("pause-channel", {"queue": "default", "channel": channel,
+                                                        "seconds": "", "csrf_token": token})
+        assert status == 400 and "UTF-8" in text, text
+    status, _, text = client.post("retry", {"id": str(2**63), "csrf_token": token})
+    assert status == 400 and "beyond bigint" in text, text
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(paused_channels).fetchone() == before
+
+
+def test_pages_are_not_kept_by_browsers_or_proxies(dsn: str, scene: Scene, serve: Any) -> None:
+    client = serve(dsn)
+    for path in ("/", "/channels?queue=default", "/dead-letters", "/in-flight", "/metrics"):
+        _, headers, _ = client.request("GET", path)
+        assert headers["cache-control"] == "no-store", path
+
+
 def test_hostile_requests_and_data_get_clear_answers(dsn: str, scene: Scene,
                                                      serve: Any) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:

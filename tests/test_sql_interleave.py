@@ -630,6 +630,66 @@ def test_a_policy_change_never_deadlocks_a_worker_that_completes_and_produces(
     assert problems(conn) == []
 
 
+BULK = [f"bulk-{i}" for i in range(257)]  # more channels than fairq.bulk_channels(): a bulk producer
+
+
+def test_a_policy_call_waiting_for_a_bulk_producer_holds_up_none_of_the_channels_producers(
+        conn: Conn, other: Conn, dsn: str) -> None:
+    """channel_set waits for open bulk producers of its queue. Until 0.7.36 it did so
+    holding the channel's producer lock, and every producer of the channel waited with
+    it, for as long as the bulk transaction stayed open."""
+    create(conn, "x", b"first")
+    with open_transaction(other):
+        create_many(other, BULK)
+        setter = Background(dsn, lambda c: c.execute(
+            "SELECT fairq.channel_set('x', p_weight => 2)"))
+        assert setter.waits_for(other)
+        producer = Background(dsn, lambda c: create(c, "x", b"second"))
+        # (Finished while the bulk transaction is still open; before, it waited for it.)
+        assert producer.join()[1] == "created"
+    setter.join()
+    row = channel_row(conn, "x")
+    assert row is not None and row["weight"] == 2
+    assert problems(conn) == []
+
+
+def test_a_policy_call_never_deadlocks_a_bulk_producer_and_a_producer_it_waits_for(
+        conn: Conn, other: Conn, dsn: str) -> None:
+    """A producer's open transaction made channel n; a bulk producer creating on n waits
+    for that row; channel_set('x') waits for the bulk producer. Until 0.7.36 it held
+    x's producer lock meanwhile, so the first producer's create on x closed a cycle and
+    PostgreSQL failed one of them with 40P01."""
+    create(conn, "x", b"first")
+    with psycopg.connect(dsn, autocommit=True) as worker, open_transaction(other):
+        create_many(other, BULK)
+        with open_transaction(worker):
+            create(worker, "n", b"w1")
+            setter = Background(dsn, lambda c: c.execute(
+                "SELECT fairq.channel_set('x', p_max_size => 5)"))
+            assert setter.waits_for(other)
+            done: dict[str, Any] = {}
+
+            def run(name: str, c: Conn, channel: str, content: bytes) -> None:
+                try:
+                    done[name] = create(c, channel, content)
+                except psycopg.Error as exc:
+                    done[name] = exc
+
+            bulk_n = threading.Thread(target=run, args=("bulk", other, "n", b"b2"), daemon=True)
+            bulk_n.start()
+            assert waits_for(conn, other.info.backend_pid, worker, bulk_n.is_alive)
+            run("worker", worker, "x", b"w2")
+            assert isinstance(done["worker"], tuple), done["worker"]
+        bulk_n.join(FAILURE_NET)
+        assert isinstance(done.get("bulk"), tuple), done.get("bulk")
+    setter.join()
+    row = channel_row(conn, "x")
+    assert row is not None and row["max_size"] == 5
+    contents = sorted(d.content for d in dequeue(conn, n=300) if d.channel in ("x", "n"))
+    assert contents == [b"b2", b"first", b"w1", b"w2"]
+    assert problems(conn) == []
+
+
 # -- Two queues ----------------------------------------------------------------------------
 
 

@@ -55,6 +55,9 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
+    # Pages show tenants' names and dead letters' errors: no copy kept by a browser or
+    # a proxy.
+    "Cache-Control": "no-store",
 }
 #: The channels page's offset, at most (the SQL's is a bigint).
 MAX_OFFSET = 1_000_000_000
@@ -281,7 +284,8 @@ class Dashboard:
     # ---- /metrics
 
     def metrics_page(self, request: Request) -> Response:
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST,
+                        headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"})
 
     # ---- actions
 
@@ -296,7 +300,13 @@ class Dashboard:
         if body is None:
             return self.render(request, "error.html", {
                 "error": f"request body over {MAX_FORM_BYTES} bytes refused"}, 413)
-        form = dict(parse_qsl(body.decode("utf-8", "replace")))
+        try:
+            form = dict(parse_qsl(body.decode("utf-8"), errors="strict"))
+        except UnicodeDecodeError:
+            # (Replaced, bytes that were not UTF-8 named another channel, which the
+            # pause then made.)
+            return self.render(request, "error.html", {
+                "error": "the form is not UTF-8: refused, nothing changed"}, 400)
         refusal = self.csrf.token_refusal(request, form)
         if refusal is not None:
             return self.render(request, "error.html", {"error": refusal}, 403)
@@ -322,7 +332,10 @@ class Dashboard:
             return value
 
         def named(name: str) -> str:  # a queue's or channel's (format.form_name)
-            return fmt.from_form(field(name))
+            try:
+                return fmt.from_form(field(name))
+            except ValueError as exc:
+                raise BadRequest(f"bad {name}: its bytes are not UTF-8") from exc
 
         def seconds() -> float | None:
             value = form.get("seconds") or None
@@ -331,26 +344,31 @@ class Dashboard:
             except ValueError as exc:
                 raise BadRequest(f"bad pause length {value!r}") from exc
 
+        def shown(name: str) -> str:  # for the notice
+            return fmt.shown(named(name))
+
         with self.connection() as conn:
             if action in ("retry", "delete"):
                 try:
                     message_id = int(field("id"))
                 except ValueError as exc:
                     raise BadRequest(f"bad message id {form.get('id')!r}") from exc
+                if not -2**63 <= message_id < 2**63:  # (else psycopg sends a numeric)
+                    raise BadRequest(f"bad message id {message_id}: beyond bigint")
                 run = q.dead_letter_retry if action == "retry" else q.dead_letter_delete
                 return f"dead letter {message_id}: {run(conn, message_id)}"
             if action == "pause-channel":
                 q.pause_channel(conn, named("queue"), named("channel"), seconds())
-                return f"channel {named('channel')} paused"
+                return f"channel {shown('channel')} paused"
             if action == "resume-channel":
                 was = q.resume_channel(conn, named("queue"), named("channel"))
-                return f"channel {named('channel')} " + ("resumed" if was else "was not paused")
+                return f"channel {shown('channel')} " + ("resumed" if was else "was not paused")
             if action == "pause-queue":
                 q.pause_queue(conn, named("queue"), seconds())
-                return f"queue {named('queue')} paused"
+                return f"queue {shown('queue')} paused"
             if action == "resume-queue":
                 was = q.resume_queue(conn, named("queue"))
-                return f"queue {named('queue')} " + ("resumed" if was else "was not paused")
+                return f"queue {shown('queue')} " + ("resumed" if was else "was not paused")
         raise BadRequest(f"no such action: {action!r}")
 
 

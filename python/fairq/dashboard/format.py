@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -9,7 +10,14 @@ from urllib.parse import quote, unquote
 
 from fairq.dashboard.queries import Pause
 
-__all__ = ["FILTERS", "age", "count", "form_name", "from_form", "pause", "rate", "relative"]
+__all__ = ["FILTERS", "age", "count", "form_name", "from_form", "pause", "rate", "relative",
+           "shown"]
+
+# Unicode categories of the characters a name may hold that print nothing, pass for
+# another or reorder the text around them: controls, format characters (zero-width
+# spaces, bidi overrides and isolates), private and unassigned code points, and
+# separators (every space but the plain one).
+_UNSEEN = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"})
 
 
 def count(value: int | None) -> str:
@@ -63,9 +71,33 @@ def form_name(name: str) -> str:
 
 
 def from_form(value: str) -> str:
-    return unquote(value)
+    """The name a form sent (:func:`form_name`); ValueError if its bytes are not UTF-8
+    (replaced, they paused a channel of another name, made on the spot)."""
+    return unquote(value, errors="strict")
+
+
+def shown(name: str) -> str:
+    """A queue or channel name as an operator must read it, tenants having chosen it:
+    each character that prints nothing, passes for another or reorders the text around
+    it as its escape (``\\u200b``, ``\\x0d``), and a backslash doubled. Names that
+    differ in such characters never look alike (a zero-width space made a twin of a
+    channel, whose Pause acted on the twin), and none spills into the text after it
+    (U+202E reversed the notice that followed a name). Letters that resemble others
+    (a Cyrillic "a" for a Latin one) are shown as they are."""
+    return "".join(_shown_character(character) for character in name)
+
+
+def _shown_character(character: str) -> str:
+    if character == "\\":
+        return "\\\\"
+    if character == " " or unicodedata.category(character) not in _UNSEEN:
+        return character
+    code = ord(character)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 FILTERS: dict[str, Callable[..., Any]] = {
     "count": count, "age": age, "relative": relative, "pause": pause, "rate": rate,
-    "form_name": form_name}
+    "form_name": form_name, "shown": shown}

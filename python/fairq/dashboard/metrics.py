@@ -5,7 +5,9 @@ whether it is paused. Per channel: the same gauges for the ``top`` channels with
 largest ready backlog only, so that the number of series stays bounded however many
 tenants there are. Counters of settled messages and deliveries per queue come from
 ``fairq.message_history`` when it is recorded (fairq keeps no other record of them);
-without it they are left out rather than reported as zero.
+without it they are left out rather than reported as zero. Queue and channel names are
+label values as the dashboard shows them (format.shown): a control character in a
+name, written out raw, reached the terminal of whoever read the exposition.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import psycopg
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from fairq.dashboard.format import shown as shown_name
 from fairq.dashboard.queries import ChannelRow, Connection, HistoryTotal, QueueRow, history_totals
 from fairq.dashboard.queries import top_channels as read_top_channels
 from fairq.dashboard.sampler import Sampler, Snapshot, take_snapshot
@@ -87,7 +90,7 @@ def _gauge(name: str, doc: str, labels: list[str],
            samples: Iterable[tuple[list[str], float]]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=labels)
     for values, value in samples:
-        family.add_metric(values, value)
+        family.add_metric([shown_name(label) for label in values], value)
     return family
 
 
@@ -137,10 +140,10 @@ def families(data: Collected) -> Iterator[Metric]:
         "num_attempts summed), as recorded in fairq.message_history", labels=["queue"])
     per_queue: dict[str, int] = {}
     for total in data.settled:
-        settled.add_metric([total.queue, total.outcome], float(total.messages))
+        settled.add_metric([shown_name(total.queue), total.outcome], float(total.messages))
         per_queue[total.queue] = per_queue.get(total.queue, 0) + total.deliveries
     for queue, count in sorted(per_queue.items()):
-        delivered.add_metric([queue], float(count))
+        delivered.add_metric([shown_name(queue)], float(count))
     yield settled
     yield delivered
 
