@@ -352,6 +352,46 @@ def test_an_owned_pool_replaces_a_connection_the_server_dropped(
     asyncio.run(scenario())
 
 
+def test_a_settlement_whose_connection_the_server_dropped_is_sent_again(
+        dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy pool hands its connections out unchecked (each used within CHECK_AFTER_S),
+    so after a restart every message in flight failed its completion, stayed locked,
+    and its handler ran again once the lock expired. A fenced settlement or heartbeat
+    is sent once more, after the pool replaced the connections the server dropped
+    (one that did commit would answer not_found, changing nothing); a send is not,
+    since it might have created its message."""
+    monkeypatch.setattr(_pools, "CHECK_AFTER_S", 3600.0)  # as in a busy pool: none checked
+    batch = [NewMessage(channel, b"x") for channel in "abcde"]
+    with Queue(dsn) as queue:
+        queue.send_many(batch)
+        first, second, third, fourth, fifth = queue.dequeue(LOCK, 5)
+        settlements = [lambda: queue.heartbeat(first, LOCK), lambda: queue.complete(first),
+                       lambda: queue.defer(second), lambda: queue.fail(third, "x"),
+                       lambda: [r.status for r in queue.complete_batch([fourth, fifth])]]
+        answers = []
+        for settle in settlements:
+            _drop_sessions(dsn)
+            answers.append(settle())
+        assert answers == [SettleStatus.HEARTBEATED, SettleStatus.COMPLETED,
+                           SettleStatus.DEFERRED, SettleStatus.DEAD, [SettleStatus.COMPLETED] * 2]
+        _drop_sessions(dsn)
+        with pytest.raises(psycopg.OperationalError):
+            queue.send("f", b"x")
+
+    async def scenario() -> None:
+        async with AsyncQueue(dsn) as aqueue:
+            await aqueue.send_many(batch)
+            messages = await aqueue.dequeue(LOCK, 10)
+            assert len(messages) == 6  # (with the one deferred above)
+            for message in messages:
+                _drop_sessions(dsn)
+                assert await aqueue.complete(message) is SettleStatus.COMPLETED
+            _drop_sessions(dsn)
+            with pytest.raises(psycopg.OperationalError):
+                await aqueue.send("f", b"x")
+    asyncio.run(scenario())
+
+
 def test_invalid_arguments_raise_with_sqlstate(dsn: str) -> None:
     with Queue(dsn) as queue:
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="p_channel"):

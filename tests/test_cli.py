@@ -17,7 +17,7 @@ import pytest
 
 from fairq import Queue
 from test_install import CURRENT, later, plain_dsn, upgrade_dir  # noqa: F401  (plain_dsn: fixture)
-from test_worker import _log, _worker_process, eventually
+from test_worker import _log, _marks, _worker_process, eventually
 
 FAIRQ = Path(sys.executable).parent / "fairq"
 
@@ -382,10 +382,11 @@ def test_dead_letters_are_listed_per_queue(dsn: str) -> None:
     assert "default failed" in fairq("dead", "list", dsn=dsn).stdout
 
 
-@pytest.mark.parametrize("handler", ["worker_handlers:gated", "worker_handlers:gated_async"])
+@pytest.mark.parametrize("handler", ["worker_handlers:gated", "worker_handlers:gated_async",
+                                     "worker_handlers:gated_async_object"])
 def test_send_and_worker_on_a_named_queue(dsn: str, tmp_path: Path, handler: str) -> None:
     """`fairq worker --queue` serves that queue, with a Worker (a function) or an
-    AsyncWorker (a coroutine function)."""
+    AsyncWorker (a coroutine function, or an object whose ``__call__`` is one)."""
     for queue in ("emails", "default"):
         sent = fairq("send", "t", "60", "--queue", queue, dsn=dsn)
         assert sent.returncode == 0, sent.stderr
@@ -398,6 +399,7 @@ def test_send_and_worker_on_a_named_queue(dsn: str, tmp_path: Path, handler: str
                                    ).fetchone()
                 return row == (0,)
             eventually(emails_done)
+        assert len(_marks(tmp_path, "done")) == 1, _log(tmp_path)  # the handler ran, once
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, _log(tmp_path)
     finally:

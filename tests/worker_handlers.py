@@ -43,3 +43,16 @@ async def gated_async(message: AsyncMessage[bytes]) -> None:
             raise TimeoutError("never released")
         await asyncio.sleep(0.01)
     _mark("done", message)
+
+
+class GatedAsync:
+    """``gated_async`` as an object whose ``__call__`` is a coroutine function: `fairq
+    worker` runs it with an AsyncWorker too (``inspect.iscoroutinefunction`` is false
+    for such an object, and until 0.7.36 a Worker ran it: each call returned a
+    coroutine that never ran, and every message failed)."""
+
+    async def __call__(self, message: AsyncMessage[bytes]) -> None:
+        await gated_async(message)
+
+
+gated_async_object = GatedAsync()

@@ -54,6 +54,21 @@ class Call(Generic[R]):
     query: str
     params: Mapping[str, Any]
     decode: Callable[[list[Row]], R]
+    # A settlement or heartbeat, fenced by the message's num_attempts: sent once more if
+    # the connection it went out on was dead (:func:`sent_again`). One that did commit
+    # before its answer was lost then answers not_found or stale, and changes nothing;
+    # a send or a dequeue is never sent again (it might have created or taken a message).
+    fenced: bool = False
+
+
+def sent_again(call: Call[Any], conn: Any) -> bool:
+    """Whether ``call``, which failed on ``conn`` (a connection of the queue's pool, not
+    one the caller passed), goes once more on another: when it is fenced and ``conn``
+    died under it. A pool hands out connections used within the last second unchecked,
+    so after a server restart or a pooler's cut each busy connection failed one call;
+    a worker's failed completion left its message locked, and its handler ran again
+    when the lock expired."""
+    return call.fenced and bool(conn.broken)
 
 
 def milliseconds(duration: timedelta) -> int:
@@ -257,7 +272,7 @@ def _settle_status(rows: list[Row]) -> SettleStatus:
 
 def complete(id_: int, num_attempts: int) -> Call[SettleStatus]:
     return Call("SELECT fairq.message_complete(p_id => %(id)s, p_num_attempts => %(n)s)",
-                {"id": id_, "n": num_attempts}, _settle_status)
+                {"id": id_, "n": num_attempts}, _settle_status, fenced=True)
 
 
 def complete_batch(tokens: Sequence[tuple[int, int]]) -> Call[list[SettleResult]]:
@@ -265,7 +280,8 @@ def complete_batch(tokens: Sequence[tuple[int, int]]) -> Call[list[SettleResult]
         "SELECT id, status FROM fairq.message_complete_batch(p_ids => %(ids)s::bigint[],"
         " p_num_attempts => %(ns)s::bigint[])",
         {"ids": [id_ for id_, _ in tokens], "ns": [n for _, n in tokens]},
-        lambda rows: [SettleResult(id_, SettleStatus(status)) for id_, status in rows])
+        lambda rows: [SettleResult(id_, SettleStatus(status)) for id_, status in rows],
+        fenced=True)
 
 
 def defer(id_: int, num_attempts: int, *, dequeue_at: datetime | None, delay: timedelta | None,
@@ -278,7 +294,7 @@ def defer(id_: int, num_attempts: int, *, dequeue_at: datetime | None, delay: ti
         " p_state => %(state)s::bytea)",
         {"id": id_, "n": num_attempts, "dequeue_at": dequeue_at, "delay": delay,
          "state": state},
-        _settle_status)
+        _settle_status, fenced=True)
 
 
 def heartbeat(id_: int, num_attempts: int, lock: timedelta,
@@ -292,20 +308,20 @@ def heartbeat(id_: int, num_attempts: int, lock: timedelta,
     beat = ("SELECT fairq.message_heartbeat(p_id => %(id)s, p_num_attempts => %(n)s,"
             " p_lock_ms => %(lock_ms)s)")
     if lock_wait is None:
-        return Call(beat, params, _settle_status)
+        return Call(beat, params, _settle_status, fenced=True)
     if lock_wait <= timedelta(0):
         raise ValueError(f"lock_wait must be positive, got {lock_wait}")
     return Call("WITH waiting AS MATERIALIZED"
                 " (SELECT set_config('lock_timeout', %(wait)s, true))"
                 f" {beat} FROM waiting",
-                {**params, "wait": f"{milliseconds(lock_wait)}ms"}, _settle_status)
+                {**params, "wait": f"{milliseconds(lock_wait)}ms"}, _settle_status, fenced=True)
 
 
 def fail(id_: int, num_attempts: int, error: str | None) -> Call[SettleStatus]:
     return Call(
         "SELECT fairq.message_fail(p_id => %(id)s, p_num_attempts => %(n)s,"
         " p_error => %(error)s::text)",
-        {"id": id_, "n": num_attempts, "error": error}, _settle_status)
+        {"id": id_, "n": num_attempts, "error": error}, _settle_status, fenced=True)
 
 
 def cancel(id_: int) -> Call[CancelStatus]:

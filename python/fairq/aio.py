@@ -141,6 +141,15 @@ class AsyncQueue(Generic[T]):
     async def _run(self, call: _sql.Call[R], conn: AsyncConnection | None = None) -> R:
         if conn is None:
             async with self.connection() as own:
+                try:
+                    return await self._run(call, own)
+                except psycopg.OperationalError:
+                    if not (_sql.sent_again(call, own)
+                            and isinstance(self._backend, AsyncConnectionPool)):
+                        raise
+            # (The pool threw the dead connection away; the others may be dead too.)
+            await self._backend.check()
+            async with self.connection() as own:
                 return await self._run(call, own)
         async with conn.cursor(row_factory=tuple_row) as cur:
             _timestamps.register(cur)

@@ -17,10 +17,10 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import psycopg
 
@@ -228,6 +228,14 @@ def _print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
         print("  ".join(padded).rstrip())
 
 
+def _is_async(handler: object) -> TypeGuard[Callable[[Any], Awaitable[None]]]:
+    """Whether `fairq worker` runs ``handler`` with an AsyncWorker: a coroutine function,
+    or an object whose ``__call__`` is one (``inspect.iscoroutinefunction`` is false for
+    such an object: a Worker ran it, and every message failed)."""
+    return (inspect.iscoroutinefunction(handler)
+            or inspect.iscoroutinefunction(inspect.getattr_static(type(handler), "__call__", None)))
+
+
 def _load_handler(spec: str) -> Callable[[Any], None]:
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
@@ -261,7 +269,7 @@ def _run(args: argparse.Namespace) -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         # Every handler, the dequeue loop and the heartbeats may hold a connection.
         pool_size = args.concurrency + 2
-        if inspect.iscoroutinefunction(handler):
+        if _is_async(handler):
             async def work() -> None:
                 async with AsyncQueue(args.dsn, name=args.queue, codec=codec,
                                       pool_size=pool_size) as aqueue:

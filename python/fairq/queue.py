@@ -134,6 +134,15 @@ class Queue(Generic[T]):
     def _run(self, call: _sql.Call[R], conn: Connection | None = None) -> R:
         if conn is None:
             with self.connection() as own:
+                try:
+                    return self._run(call, own)
+                except psycopg.OperationalError:
+                    if not (_sql.sent_again(call, own)
+                            and isinstance(self._backend, ConnectionPool)):
+                        raise
+            # (The pool threw the dead connection away; the others may be dead too.)
+            self._backend.check()
+            with self.connection() as own:
                 return self._run(call, own)
         with conn.cursor(row_factory=tuple_row) as cur:
             _timestamps.register(cur)
