@@ -329,8 +329,9 @@ def _drop_sessions(dsn: str) -> None:
     others = ("SELECT pid FROM pg_stat_activity"
               " WHERE datname = current_database() AND pid <> pg_backend_pid()")
     with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(f"SELECT pg_terminate_backend(pid) FROM ({others}) o")
-        while admin.execute(others).fetchone():  # gone once the backends have exited
+        # Until none is left: a pool may open a connection meanwhile (to replace one
+        # it found dead), and waiting for that one to go waited for ever.
+        while admin.execute(f"SELECT pg_terminate_backend(pid) FROM ({others}) o").fetchone():
             time.sleep(0.01)
 
 

@@ -221,6 +221,77 @@ def test_upgrade_without_a_path_or_an_install_changes_nothing(plain_dsn: str,
         assert installed_version(conn) == CURRENT
 
 
+def test_an_upgrade_runs_as_the_owner_of_fairq_and_keeps_its_version_private(
+        server: Server, tmp_path: Path) -> None:
+    """A plain install made by a role that is not a superuser (a managed database's
+    admin), upgraded by a superuser. Until 0.7.36 the objects the upgrade created were
+    the superuser's, and the owner's functions could not use them (every call failed);
+    an operator that the owner had put in schema fairq ran as the superuser (fairq came
+    before pg_catalog on the upgrade's search_path); and fairq.installed_version took
+    the owner's default privileges, here ALL to PUBLIC."""
+    old = "0.7.23"  # its upgrade to 0.7.24 compares intervals with `<>`
+    released = tmp_path / "extension"
+    shutil.copytree(Scripts.bundled().directory, released)
+    control = released / "fairq.control"
+    control.write_text(control.read_text().replace(f"'{CURRENT}'", f"'{old}'"))
+    owner = f"fairq_owner_{next(_names)}"
+    server.admin(f'CREATE ROLE "{owner}"')
+    database = server.create_database("template0")
+    try:
+        server.admin(f'GRANT CREATE ON DATABASE "{database}" TO "{owner}"')
+        with psycopg.connect(server.dsn(database), autocommit=True) as conn:
+            _act_as(conn, owner)
+            conn.execute("ALTER DEFAULT PRIVILEGES GRANT ALL ON TABLES TO PUBLIC")
+            assert install(conn, Scripts(released)) == old
+            conn.execute("CREATE TABLE fairq.ran_as (role text)")
+            conn.execute("CREATE FUNCTION fairq.planted_ne(interval, interval) RETURNS boolean"
+                         " LANGUAGE plpgsql AS $$ BEGIN INSERT INTO fairq.ran_as"
+                         " VALUES (current_user); RETURN $1 OPERATOR(pg_catalog.<>) $2; END $$")
+            conn.execute("CREATE OPERATOR fairq.<> (LEFTARG = interval, RIGHTARG = interval,"
+                         " FUNCTION = fairq.planted_ne)")
+            conn.execute("RESET ROLE")  # the superuser upgrades
+            assert upgrade(conn)
+            assert conn.execute("SELECT count(*) FROM fairq.ran_as").fetchone() == (0,)
+            others = conn.execute("""
+                SELECT count(*) FROM (
+                    SELECT proowner AS owner FROM pg_proc WHERE pronamespace = 'fairq'::regnamespace
+                    UNION ALL SELECT relowner FROM pg_class WHERE relnamespace = 'fairq'::regnamespace
+                    UNION ALL SELECT typowner FROM pg_type WHERE typnamespace = 'fairq'::regnamespace
+                ) o WHERE owner <> %s::regrole""", (owner,)).fetchone()
+            assert others == (0,)
+            assert conn.execute("SELECT has_table_privilege('public', 'fairq.installed_version',"
+                                " 'SELECT, UPDATE, DELETE')").fetchone() == (False,)
+            _act_as(conn, owner)
+            assert Queue(conn).send("a", b"x").status is CreateStatus.CREATED
+            [message] = Queue(conn).dequeue(LOCK)
+            assert message.complete() is SettleStatus.COMPLETED
+    finally:
+        server.drop_database(database)
+        server.admin(f'DROP ROLE IF EXISTS "{owner}"')
+
+
+def test_an_upgrade_by_a_role_that_cannot_become_the_owner_is_refused(
+        plain_dsn: str, server: Server, tmp_path: Path) -> None:
+    """A producer (USAGE on schema fairq, nothing it owns) is told whom to run it as."""
+    _installed(plain_dsn)
+    stranger = f"fairq_stranger_{next(_names)}"
+    server.admin(f'CREATE ROLE "{stranger}"')
+    try:
+        with psycopg.connect(plain_dsn) as conn:
+            conn.execute("SELECT fairq.grant_producer(%s)", (stranger,))
+            conn.commit()
+            _act_as(conn, stranger)
+            with pytest.raises(InstallError, match="run `fairq upgrade` as"):
+                upgrade(conn, upgrade_dir(tmp_path, later(1)))
+            conn.rollback()
+            conn.execute("RESET ROLE")
+            assert installed_version(conn) == CURRENT
+            conn.execute(f'DROP OWNED BY "{stranger}"')  # type: ignore[arg-type]
+            conn.commit()
+    finally:
+        server.admin(f'DROP ROLE IF EXISTS "{stranger}"')
+
+
 @pytest.mark.parametrize("old", [v for v in released_versions() if v != CURRENT])
 def test_a_plain_install_upgraded_from_a_release_equals_a_fresh_one(
         server: Server, tmp_path: Path, old: str) -> None:

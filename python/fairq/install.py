@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.sql
 
 __all__ = ["InstallError", "Scripts", "extension_version", "install", "installed_version",
            "upgrade"]
@@ -80,12 +81,13 @@ def _run_script(conn: Connection, path: Path) -> None:
     sql = _GUARD.sub("", path.read_text()).replace("@extschema@", "fairq")
     # As CREATE EXTENSION runs a script: function bodies are not checked as they are
     # created (an SQL function may call one the script creates after it), and names
-    # resolve in fairq and pg_catalog only. With the installer's search_path, an
+    # resolve in pg_catalog first, then fairq. With the installer's search_path, an
     # operator planted in public (`=` on an enum and text) was bound into the index
     # predicates and views, and ran as the owner at every insert: any role that could
-    # create objects in public became superuser.
+    # create objects in public became superuser. With fairq first (until 0.7.36), one
+    # that fairq's owner planted in fairq (`<>` on intervals) ran in an upgrade.
     conn.execute("SET LOCAL check_function_bodies = off")
-    conn.execute("SET LOCAL search_path = fairq, pg_catalog, pg_temp")
+    conn.execute("SET LOCAL search_path = pg_catalog, fairq, pg_temp")
     # No parameters: psycopg sends the script as one simple query, many statements.
     conn.execute(sql.encode())
 
@@ -103,6 +105,33 @@ def installed_version(conn: Connection) -> str | None:
         return None
     version = conn.execute("SELECT version FROM fairq.installed_version").fetchone()
     return None if version is None else str(version[0])
+
+
+def _become_owner(conn: Connection) -> None:
+    """Runs the rest of the transaction as the owner of schema fairq. Run as another
+    role, an upgrade made the objects it created that role's, and the owner's
+    SECURITY DEFINER functions could not use them: every call failed with "permission
+    denied". And a superuser running it ran whatever the owner had put in fairq."""
+    row = conn.execute(
+        "SELECT n.nspowner::regrole::text, current_user = n.nspowner::regrole::text,"
+        " pg_has_role(current_user, n.nspowner, 'MEMBER')"
+        " FROM pg_namespace n WHERE n.nspname = 'fairq'").fetchone()
+    if row is None:
+        return  # nothing installed: the caller says so
+    owner, is_owner, may_become = row
+    if is_owner:
+        return
+    if not may_become:
+        raise InstallError(f"schema fairq belongs to role {owner}: run `fairq upgrade` as"
+                           f" {owner} (or as a member of it)")
+    conn.execute(psycopg.sql.SQL("SET LOCAL ROLE {}").format(psycopg.sql.Identifier(owner)))
+
+
+def _keep_private(conn: Connection) -> None:
+    """fairq.installed_version is the owner's alone: made after the script's revokes,
+    it took the owner's default privileges (which may grant to PUBLIC), and a producer
+    could rewrite it and make every upgrade fail."""
+    conn.execute("REVOKE ALL ON fairq.installed_version FROM PUBLIC")
 
 
 def _refuse_extension(conn: Connection) -> None:
@@ -133,6 +162,7 @@ def install(conn: Connection, scripts: Scripts | None = None) -> str:
                 version      text        NOT NULL,
                 installed_at timestamptz NOT NULL DEFAULT now()
             )""")
+        _keep_private(conn)
         conn.execute("INSERT INTO fairq.installed_version (version) VALUES (%s)", (version,))
     return version
 
@@ -145,6 +175,7 @@ def upgrade(conn: Connection, scripts: Scripts | None = None,
     target = target or scripts.default_version
     with conn.transaction():
         _refuse_extension(conn)
+        _become_owner(conn)
         if installed_version(conn) is None:
             raise InstallError("fairq is not installed in this database; run `fairq install`")
         # FOR UPDATE serialises concurrent upgrades: the second one reads the new version.
@@ -156,4 +187,5 @@ def upgrade(conn: Connection, scripts: Scripts | None = None,
             _run_script(conn, script)
         conn.execute("UPDATE fairq.installed_version SET version = %s, installed_at = now()",
                      (target,))
+        _keep_private(conn)
     return path
