@@ -243,15 +243,21 @@ BEGIN
              GROUP BY u.channel_id) e;
 
     -- A message wakes workers only where its channel's turn moved earlier, and only
-    -- when one may sleep (asked once per call).
+    -- when one may sleep (asked once per call). (Elements grouped by channel first,
+    -- woken ones found through a hashed set, names looked up by id: a join of the two
+    -- arrays, planned as a nested loop, tested every woken id for every pair, and a
+    -- batch of 4,000 new channels took 88 s while a worker slept.)
     IF fairq.events_wanted(cardinality(v_woken) > 0) THEN
         IF fairq.worker_may_sleep(p_queue) THEN
-            PERFORM fairq.notify_event('created', v_queue_id, c.name, min(u.id),
-                                       min(coalesce(u.dequeue_at, v_now)))
-               FROM unnest(v_channel_of, v_ids, v_statuses, p_dequeue_ats) AS u(channel_id, id, status, dequeue_at)
-               JOIN unnest(v_names, v_channel_ids) AS c(name, id) ON c.id = u.channel_id
-              WHERE u.status = 'created' AND fairq.events_wanted(c.id = ANY (v_woken))
-              GROUP BY c.name;
+            PERFORM fairq.notify_event('created', v_queue_id, c.name, g.first_id, g.first_due)
+               FROM (SELECT u.channel_id, min(u.id) AS first_id,
+                            min(coalesce(u.dequeue_at, v_now)) AS first_due
+                       FROM unnest(v_channel_of, v_ids, v_statuses, p_dequeue_ats)
+                            AS u(channel_id, id, status, dequeue_at)
+                      WHERE u.status = 'created'
+                      GROUP BY u.channel_id) g
+               JOIN fairq.channel c ON c.id = g.channel_id
+              WHERE fairq.events_wanted(g.channel_id IN (SELECT w.id FROM unnest(v_woken) AS w(id)));
         END IF;
     END IF;
 

@@ -68,8 +68,10 @@ $$;
 -- (fairq.doorbell_hold): quiet is true when no call is between making work available
 -- and committing, so one more dequeue sees everything no event will announce; when
 -- false, ask again shortly. next_turn_at: the earliest time a channel of the queue
--- waits for (a scheduled message, a rate limit, a pause's end), which may come with
--- no event at all: the worker sleeps no longer than that.
+-- waits for (a scheduled message, a rate limit, a pause's end) or a lock expires (a
+-- dequeue then recovers the message: until 0.7.36 a worker slept through it, up to
+-- its poll interval), which may come with no event at all: the worker sleeps no
+-- longer than that.
 CREATE FUNCTION fairq.doorbell_quiet(p_queue text DEFAULT 'default')
 RETURNS TABLE(quiet boolean, next_turn_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER
@@ -86,7 +88,10 @@ BEGIN
     SELECT nullif(GREATEST(LEAST((SELECT min(c.turn_at) FROM fairq.channel c
                                    WHERE c.queue_id = q.id AND c.turn_at > fairq.in_rotation()),
                                  (SELECT min(GREATEST(w.due_at, w.woken_at)) FROM fairq.channel_wake w
-                                   WHERE w.queue_id = q.id)),
+                                   WHERE w.queue_id = q.id),
+                                 (SELECT m.locked_until FROM fairq.message m
+                                   WHERE m.queue_id = q.id AND m.locked_until IS NOT NULL
+                                   ORDER BY m.locked_until LIMIT 1)),
                            q.paused_until), 'infinity')
       INTO next_turn_at
       FROM fairq.queue q WHERE q.name = p_queue;

@@ -701,6 +701,24 @@ def test_by_default_events_are_sent_on_commit_when_work_becomes_available(dsn: s
     assert got[1]["id"] == capped.id
 
 
+def test_a_batch_of_many_new_channels_announces_each_beside_a_sleeping_worker(dsn: str) -> None:
+    """The query that picked the woken channels' events joined two arrays in a nested
+    loop and tested every woken id for each pair: a batch of 4,000 new channels took
+    88 s while a worker slept (n³). The statement timeout is a failure net: the batch
+    takes a fraction of a second."""
+    channels = [f"wide-{i}" for i in range(3000)]
+    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as c:
+        listener.execute("LISTEN fairq")
+        _doorbell(listener)
+        c.execute("SET statement_timeout = '30s'")
+        rows = c.execute("SELECT count(*) FROM fairq.message_create_batch(%s, %s)",
+                         (channels, [b"x"] * len(channels))).fetchone()
+        assert rows == (len(channels),)
+        got = _events(listener, dsn)
+    assert sorted(e["channel"] for e in got) == sorted(channels)
+    assert all(e["event"] == "created" for e in got)
+
+
 def test_with_no_worker_asleep_no_event_is_sent_unless_events_is_wake(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as c:
         listener.execute("LISTEN fairq")
@@ -780,6 +798,18 @@ def test_a_sleeping_worker_learns_when_a_scheduled_message_is_due(dsn: str) -> N
         due = c.execute("SELECT fairq.clock() + interval '1 hour'").fetchone()[0]  # type: ignore[index]
         c.execute("SELECT fairq.message_create('later', 'x', %s)", (due,))  # no event: nobody sleeps
         assert _doorbell(worker)[2] == due
+
+
+def test_a_sleeping_worker_learns_when_a_lock_expires(dsn: str) -> None:
+    """A crashed holder's message comes back when its lock expires, with no event: the
+    doorbell said nothing of it, and a worker slept through, up to its poll interval."""
+    with psycopg.connect(dsn, autocommit=True) as worker, psycopg.connect(dsn, autocommit=True) as c:
+        create(c, "crashed")
+        held = dequeue_one(c, lock_ms=3_600_000)
+        assert held is not None
+        expires = c.execute("SELECT locked_until FROM fairq.message WHERE id = %s",
+                            (held.id,)).fetchone()
+        assert expires is not None and _doorbell(worker)[2] == expires[0]
 
 
 def test_events_all_sends_every_event_and_off_none(dsn: str) -> None:
