@@ -32,6 +32,24 @@ def fairq(*args: str, dsn: str | None = None, stdin: bytes | None = None,
                           text=stdin is None, input=stdin)
 
 
+@pytest.mark.parametrize("args", [
+    ("channel", "set", "x", "--release-interval-ms", "999999999999999999999"),
+    ("channel", "set", "x", "--max-concurrency", "99999999999"),
+    ("send", "c", "hi", "--priority", "99999999999"),
+    ("dead", "retry", "99999999999999999999"),
+    ("dead", "list", "--limit", "-1"),
+    ("worker", "json:dumps", "--concurrency", "-3"),
+])
+def test_a_number_out_of_range_is_a_usage_error_naming_its_option(args: tuple[str, ...]) -> None:
+    """Past the SQL's integer or bigint, a number failed in the database naming no
+    option (or before it, with a traceback), exit 1; a negative concurrency failed in
+    the pool's own words. Nothing is sent: the DSN is never used."""
+    done = fairq(*args, dsn="dbname=fairq_never_used host=127.0.0.1 port=1")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "expected" in done.stderr
+    assert ("ID" if args[1] == "retry" else args[-2]) in done.stderr
+
+
 def test_help_and_usage_errors() -> None:
     shown = fairq("--help")
     assert shown.returncode == 0

@@ -68,9 +68,42 @@ def _seconds(text: str) -> timedelta:
             f"expected a number of seconds, at least 0, got {text!r}") from None
 
 
+def _whole(text: str, least: int, bound: int) -> int:
+    """A whole number from ``least`` up to, not including, ``bound``: checked here, a
+    usage error naming its option (a number too large for the SQL's type failed in the
+    database, naming none, or before it with a traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not least <= value < bound:
+        raise argparse.ArgumentTypeError(f"expected {least} to {bound - 1}, got {value}")
+    return value
+
+
+def _integer(text: str) -> int:
+    """A value of an SQL integer argument (a limit, a priority, a weight)."""
+    return _whole(text, -2**31, 2**31)
+
+
+def _bigint(text: str) -> int:
+    """A value of an SQL bigint argument (a message id, milliseconds)."""
+    return _whole(text, -2**63, 2**63)
+
+
+def _count(text: str) -> int:
+    """A number of rows to list: none or more."""
+    return _whole(text, 0, 2**31)
+
+
+def _concurrency(text: str) -> int:
+    """A worker's number of handlers: one or more."""
+    return _whole(text, 1, 2**31)
+
+
 def _attempts(text: str) -> int | None:
     """A worker's max_attempts: a number, or "none" (Worker's max_attempts=None)."""
-    return None if text.lower() == "none" else int(text)
+    return None if text.lower() == "none" else _integer(text)
 
 
 def _moment(text: str) -> datetime:
@@ -123,11 +156,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = leaf(channel, "set", "set a channel's policy (omitted limits: unlimited)",
                queue_option)
     sub.add_argument("channel")
-    sub.add_argument("--max-concurrency", type=int)
-    sub.add_argument("--release-interval-ms", type=int, default=0)
-    sub.add_argument("--max-size", type=int)
-    sub.add_argument("--max-attempts", type=int)
-    sub.add_argument("--weight", type=int, default=1, help="share of turns, 1-1000 (default: 1)")
+    sub.add_argument("--max-concurrency", type=_integer)
+    sub.add_argument("--release-interval-ms", type=_bigint, default=0)
+    sub.add_argument("--max-size", type=_integer)
+    sub.add_argument("--max-attempts", type=_integer)
+    sub.add_argument("--weight", type=_integer, default=1,
+                     help="share of turns, 1-1000 (default: 1)")
     sub = leaf(channel, "clear", "forget a channel's policy and pause", queue_option)
     sub.add_argument("channel")
     sub = leaf(channel, "pause", "hand out none of a channel's messages", queue_option,
@@ -141,7 +175,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("channel")
     sub.add_argument("content", help="the content as text; - reads bytes from stdin")
     sub.add_argument("--delay", type=_seconds, help="seconds until it is due")
-    sub.add_argument("--priority", type=int, default=0)
+    sub.add_argument("--priority", type=_integer, default=0)
     sub.add_argument("--dedup-key")
 
     sub = leaf(commands, "doctor", "what in this database keeps fairq from running well")
@@ -159,16 +193,16 @@ def _parser() -> argparse.ArgumentParser:
         dest="action", required=True, metavar="ACTION")
     sub = leaf(dead, "list", "list a queue's dead letters, oldest first", queue_option)
     sub.add_argument("--channel")
-    sub.add_argument("--limit", type=int, default=100)
+    sub.add_argument("--limit", type=_count, default=100)
     sub = leaf(dead, "retry", "put dead letters back on their channels")
-    sub.add_argument("ids", type=int, nargs="+", metavar="ID")
+    sub.add_argument("ids", type=_bigint, nargs="+", metavar="ID")
 
     sub = leaf(commands, "worker", "run a handler over a queue's messages", queue_option)
     sub.add_argument("handler", metavar="MODULE:FUNCTION",
                      help="a function taking a fairq.Message, or an async one taking a "
                           "fairq.AsyncMessage (run by an AsyncWorker); the module is "
                           "imported from the current directory or PYTHONPATH")
-    sub.add_argument("--concurrency", type=int, default=1)
+    sub.add_argument("--concurrency", type=_concurrency, default=1)
     sub.add_argument("--codec", choices=sorted(CODECS), default="bytes")
     sub.add_argument("--lock", type=_seconds, default=timedelta(seconds=30),
                      help="seconds a message stays locked between heartbeats' extensions")
