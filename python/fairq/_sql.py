@@ -45,6 +45,11 @@ R = TypeVar("R")
 T = TypeVar("T")
 Row = tuple[Any, ...]
 
+# PostgreSQL's integer and bigint: a Python int beyond them is sent as a numeric, which
+# no fairq function takes, or fails to adapt.
+INTEGER = range(-2**31, 2**31)
+BIGINT = range(-2**63, 2**63)
+
 # Columns of fairq.message_dequeue, in the order ReceivedMessage takes them.
 DEQUEUED_COLUMNS = "id, channel, content, state, num_attempts, priority, dequeue_at, recovered"
 

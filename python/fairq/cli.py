@@ -24,7 +24,7 @@ from typing import Any, TypeGuard
 
 import psycopg
 
-from fairq import __version__, _pools, _timestamps
+from fairq import __version__, _pools, _sql, _timestamps
 from fairq._source import dsn_argument
 from fairq.aio import AsyncQueue
 from fairq.aio_worker import AsyncWorker
@@ -68,37 +68,38 @@ def _seconds(text: str) -> timedelta:
             f"expected a number of seconds, at least 0, got {text!r}") from None
 
 
-def _whole(text: str, least: int, bound: int) -> int:
-    """A whole number from ``least`` up to, not including, ``bound``: checked here, a
-    usage error naming its option (a number too large for the SQL's type failed in the
-    database, naming none, or before it with a traceback)."""
+def _whole(text: str, allowed: range) -> int:
+    """A whole number in ``allowed``: checked here, a usage error naming its option (a
+    number too large for the SQL's type failed in the database, naming none, or before
+    it with a traceback)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if not least <= value < bound:
-        raise argparse.ArgumentTypeError(f"expected {least} to {bound - 1}, got {value}")
+    if value not in allowed:
+        raise argparse.ArgumentTypeError(
+            f"expected {allowed.start} to {allowed.stop - 1}, got {value}")
     return value
 
 
 def _integer(text: str) -> int:
     """A value of an SQL integer argument (a limit, a priority, a weight)."""
-    return _whole(text, -2**31, 2**31)
+    return _whole(text, _sql.INTEGER)
 
 
 def _bigint(text: str) -> int:
     """A value of an SQL bigint argument (a message id, milliseconds)."""
-    return _whole(text, -2**63, 2**63)
+    return _whole(text, _sql.BIGINT)
 
 
 def _count(text: str) -> int:
     """A number of rows to list: none or more."""
-    return _whole(text, 0, 2**31)
+    return _whole(text, range(0, _sql.INTEGER.stop))
 
 
 def _concurrency(text: str) -> int:
     """A worker's number of handlers: one or more."""
-    return _whole(text, 1, 2**31)
+    return _whole(text, range(1, _sql.INTEGER.stop))
 
 
 def _attempts(text: str) -> int | None:

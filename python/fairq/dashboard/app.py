@@ -37,6 +37,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from fairq import _sql
 from fairq.dashboard import format as fmt
 from fairq.dashboard import queries as q
 from fairq.dashboard.charts import Chart, history_chart, sampled_chart
@@ -353,7 +354,7 @@ class Dashboard:
                     message_id = int(field("id"))
                 except ValueError as exc:
                     raise BadRequest(f"bad message id {form.get('id')!r}") from exc
-                if not -2**63 <= message_id < 2**63:  # (else psycopg sends a numeric)
+                if message_id not in _sql.BIGINT:
                     raise BadRequest(f"bad message id {message_id}: beyond bigint")
                 run = q.dead_letter_retry if action == "retry" else q.dead_letter_delete
                 return f"dead letter {message_id}: {run(conn, message_id)}"
