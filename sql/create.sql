@@ -243,7 +243,8 @@ BEGIN
              GROUP BY u.channel_id) e;
 
     -- A message wakes workers only where its channel's turn moved earlier, and only
-    -- when one may sleep (asked once per call). (Elements grouped by channel first,
+    -- when one may sleep (asked once per call); with the doorbell, one event at most
+    -- (fairq.events_per_queue). (Elements grouped by channel first,
     -- woken ones found through a hashed set, names looked up by id: a join of the two
     -- arrays, planned as a nested loop, tested every woken id for every pair, and a
     -- batch of 4,000 new channels took 88 s while a worker slept.)
@@ -255,9 +256,11 @@ BEGIN
                        FROM unnest(v_channel_of, v_ids, v_statuses, p_dequeue_ats)
                             AS u(channel_id, id, status, dequeue_at)
                       WHERE u.status = 'created'
-                      GROUP BY u.channel_id) g
-               JOIN fairq.channel c ON c.id = g.channel_id
-              WHERE fairq.events_wanted(g.channel_id IN (SELECT w.id FROM unnest(v_woken) AS w(id)));
+                      GROUP BY u.channel_id
+                     HAVING fairq.events_wanted(u.channel_id IN (SELECT w.id FROM unnest(v_woken) AS w(id)))
+                      ORDER BY first_due, first_id
+                      LIMIT fairq.events_per_queue()) g
+               JOIN fairq.channel c ON c.id = g.channel_id;
         END IF;
     END IF;
 

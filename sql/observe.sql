@@ -144,8 +144,11 @@ AS $$
       FROM truth t
      CROSS JOIN LATERAL (VALUES
         (CASE WHEN t.in_flight <> fairq.slots(t.max_concurrency, t.locked::integer)
-              THEN format('in_flight is %s but %s messages are locked (max_concurrency %s)',
-                          t.in_flight, t.locked, t.max_concurrency) END),
+              THEN CASE WHEN t.max_concurrency IS NULL
+                        THEN format('in_flight is %s but the channel has no max_concurrency: it should be 0',
+                                    t.in_flight)
+                        ELSE format('in_flight is %s but %s messages are locked (max_concurrency %s)',
+                                    t.in_flight, t.locked, t.max_concurrency) END END),
         -- (Lock expiry and recovery find locked messages by locked_until alone.)
         (CASE WHEN t.lock_mismatch > 0
               THEN format('%s messages have a locked_until but are not locked, or are locked without one',

@@ -163,12 +163,16 @@ BEGIN
         RETURNING c.id, c.in_flight + g.n >= c.max_concurrency AND c.turn_at IS NOT NULL AS woke
     )
     SELECT coalesce(array_agg(f.id) FILTER (WHERE f.woke), '{}') INTO v_woken FROM freed f;
+    -- (With the doorbell, one event a queue: fairq.events_per_queue.)
     FOR v_event IN
-        SELECT c.queue_id, c.name, max(d.id) AS id
-          FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
-         WHERE c.id = ANY (v_channel_ids) AND fairq.events_wanted(c.id = ANY (v_woken))
-         GROUP BY c.queue_id, c.name
-         ORDER BY c.queue_id
+        SELECT e.queue_id, e.name, e.id
+          FROM (SELECT c.queue_id, c.name, max(d.id) AS id,
+                       row_number() OVER (PARTITION BY c.queue_id ORDER BY c.name) AS nth
+                  FROM unnest(v_done) AS d JOIN fairq.channel c ON c.id = d.channel_id
+                 WHERE c.id = ANY (v_channel_ids) AND fairq.events_wanted(c.id = ANY (v_woken))
+                 GROUP BY c.queue_id, c.name) e
+         WHERE e.nth <= coalesce(fairq.events_per_queue(), e.nth)
+         ORDER BY e.queue_id
     LOOP
         IF v_event.queue_id IS DISTINCT FROM v_asked THEN  -- once per queue
             v_asked := v_event.queue_id;

@@ -42,6 +42,16 @@ def test_a_capped_channels_slot_count_that_drifts_is_reported(conn: Conn) -> Non
         "tenant-a", "in_flight is 2 but 1 messages are locked (max_concurrency 2)")]
 
 
+def test_an_uncapped_channel_counting_in_flight_is_reported_as_such(conn: Conn) -> None:
+    """Only capped channels count their messages in flight: until 0.7.37 the problem
+    read "in_flight is 1 but 1 messages are locked (max_concurrency )"."""
+    create(conn, "tenant-a")
+    dequeue(conn)
+    conn.execute("UPDATE fairq.channel SET in_flight = 1 WHERE name = 'tenant-a'")
+    assert problems(conn) == [(
+        "tenant-a", "in_flight is 1 but the channel has no max_concurrency: it should be 0")]
+
+
 def test_a_bounded_channels_count_is_its_row_and_its_changes(conn: Conn) -> None:
     """A bounded channel's count is its channel_size row plus the changes that
     settlements recorded and no producer has folded in yet (0.7.30): check() counts

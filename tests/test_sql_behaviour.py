@@ -701,22 +701,62 @@ def test_by_default_events_are_sent_on_commit_when_work_becomes_available(dsn: s
     assert got[1]["id"] == capped.id
 
 
-def test_a_batch_of_many_new_channels_announces_each_beside_a_sleeping_worker(dsn: str) -> None:
-    """The query that picked the woken channels' events joined two arrays in a nested
-    loop and tested every woken id for each pair: a batch of 4,000 new channels took
-    88 s while a worker slept (n³). The statement timeout is a failure net: the batch
-    takes a fraction of a second."""
+def test_a_batch_of_many_new_channels_wakes_sleeping_workers_with_one_event(dsn: str) -> None:
+    """One event wakes every worker of the queue (each listener hears it), and they find
+    all the batch made available: a batch of 4,000 new channels sent 4,000 until 0.7.37.
+    The one sent is the message due first (the first element is due later), so a
+    worker that sleeps until an event's dequeue_at wakes in time. For listeners that do
+    not hold the doorbell, fairq.events = wake still announces every woken channel.
+
+    The statement timeout is a failure net: the query that picked the woken channels'
+    events joined two arrays in a nested loop and tested every woken id for each pair,
+    so a batch of 4,000 new channels took 88 s (n³); it takes a fraction of a second."""
     channels = [f"wide-{i}" for i in range(3000)]
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
     with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as c:
         listener.execute("LISTEN fairq")
         _doorbell(listener)
         c.execute("SET statement_timeout = '30s'")
-        rows = c.execute("SELECT count(*) FROM fairq.message_create_batch(%s, %s)",
-                         (channels, [b"x"] * len(channels))).fetchone()
+        rows = c.execute("SELECT count(*) FROM fairq.message_create_batch(%s, %s, p_dequeue_ats => %s)",
+                         (channels, [b"x"] * len(channels),
+                          [later] + [None] * (len(channels) - 1))).fetchone()
         assert rows == (len(channels),)
         got = _events(listener, dsn)
-    assert sorted(e["channel"] for e in got) == sorted(channels)
+        assert [(e["event"], e["channel"]) for e in got] == [("created", "wide-1")]
+        c.execute("SET fairq.events = wake")
+        woken = [f"more-{i}" for i in range(3000)]
+        c.execute("SELECT count(*) FROM fairq.message_create_batch(%s, %s)", (woken, [b"x"] * len(woken)))
+        got = _events(listener, dsn)
+    assert sorted(e["channel"] for e in got) == sorted(woken)
     assert all(e["event"] == "created" for e in got)
+
+
+def test_a_batch_completion_freeing_many_capped_channels_sends_one_event(dsn: str) -> None:
+    """A completion that frees a slot of a full capped channel with work waiting wakes
+    workers; a batch freeing several sends one event per queue with the doorbell (one
+    per channel until 0.7.37), and one per channel with fairq.events = wake."""
+    capped = ["cap-a", "cap-b", "cap-c"]
+    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as c:
+        listener.execute("LISTEN fairq")
+        for events in ("doorbell", "wake"):
+            c.execute("SELECT set_config('fairq.events', %s, false)", (events,))
+            for name in capped:
+                call(c, "channel_set", name, 1, 0, None, None)
+                create(c, name)
+                create(c, name)
+            held = dequeue(c, n=3)
+            assert sorted(d.channel for d in held) == capped
+            _doorbell(listener)
+            _events(listener, dsn)  # (with wake, the creates' own)
+            done = c.execute("SELECT status FROM fairq.message_complete_batch(%s, %s)",
+                             ([d.id for d in held], [d.num_attempts for d in held])).fetchall()
+            assert done == [("completed",)] * 3
+            got = _events(listener, dsn)
+            assert all(e["event"] == "completed" for e in got)
+            names = sorted(str(e["channel"]) for e in got)
+            assert names == (capped[:1] if events == "doorbell" else capped)
+            assert listener.execute("SELECT fairq.doorbell_release('default')").fetchone() == (True,)
+            assert sorted(d.channel for d in drain(c)) == capped
 
 
 def test_with_no_worker_asleep_no_event_is_sent_unless_events_is_wake(dsn: str) -> None:
