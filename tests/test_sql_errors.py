@@ -294,6 +294,10 @@ CASES: dict[str, Case] = {
     "grant_worker: no such role": Case("SELECT fairq.grant_worker(0::regrole)", NO_SUCH_ROLE, "p_role"),
     "grant_observer: no such role": Case("SELECT fairq.grant_observer(99999::regrole)", NO_SUCH_ROLE,
                                          "p_role"),
+    "revoke_producer: NULL role": Case("SELECT fairq.revoke_producer(NULL)", NOT_NULL, "p_role"),
+    "revoke_worker: NULL role": Case("SELECT fairq.revoke_worker(NULL)", NOT_NULL, "p_role"),
+    "revoke_observer: NULL role": Case("SELECT fairq.revoke_observer(NULL)", NOT_NULL, "p_role"),
+    "revoke_worker: no such role": Case("SELECT fairq.revoke_worker(99999::regrole)", NO_SUCH_ROLE, "p_role"),
 }
 
 

@@ -25,7 +25,8 @@ SPEC_FUNCTIONS = (
     "message_heartbeat", "message_fail", "message_cancel", "dead_letter_retry",
     "history_prune",
 )
-GRANT_FUNCTIONS = ("grant_producer", "grant_worker", "grant_observer")
+GRANT_FUNCTIONS = ("grant_producer", "grant_worker", "grant_observer",
+                   "revoke_producer", "revoke_worker", "revoke_observer")
 
 # A valid call of each function that a privileged caller can make in any database.
 CALLS = {
@@ -48,6 +49,9 @@ CALLS = {
     "grant_producer": "SELECT fairq.grant_producer(current_user::text::regrole)",
     "grant_worker": "SELECT fairq.grant_worker(current_user::text::regrole)",
     "grant_observer": "SELECT fairq.grant_observer(current_user::text::regrole)",
+    "revoke_producer": "SELECT fairq.revoke_producer(current_user::text::regrole)",
+    "revoke_worker": "SELECT fairq.revoke_worker(current_user::text::regrole)",
+    "revoke_observer": "SELECT fairq.revoke_observer(current_user::text::regrole)",
     "clock_travel": "SELECT fairq.clock_travel(0)",
     "check": "SELECT * FROM fairq.check()",
 }
@@ -320,4 +324,30 @@ def test_unknown_or_public_role_cannot_be_granted_anything(conn: Conn) -> None:
     for kind in ("producer", "worker", "observer"):
         with pytest.raises(psycopg.errors.UndefinedObject):
             grant(conn, kind, "public")
+    test_nothing_in_schema_fairq_is_granted_to_public(conn)
+
+
+@pytest.mark.parametrize("kind", ["producer", "worker", "observer"])
+def test_a_revoke_takes_back_exactly_what_its_grant_gave(
+    dsn: str, conn: Conn, make_role: Callable[[str], str], kind: str
+) -> None:
+    """A role that was a producer, a worker and an observer, and stops being one kind
+    of them: it keeps the other two kinds' rights, and loses every right of the kind
+    revoked (tried as the role). Revoking again, or from a role never granted, is a
+    no-op; the schema's USAGE stays for the other grants."""
+    kinds = {"producer": PRODUCER_FUNCTIONS, "worker": WORKER_FUNCTIONS, "observer": {"check"}}
+    role = make_role(f"was_{kind}")
+    for each in kinds:
+        grant(conn, each, role)
+    for _ in range(2):
+        conn.execute(f"SELECT fairq.revoke_{kind}(%s::regrole)", (role,))
+    kept = set().union(*(functions for each, functions in kinds.items() if each != kind))
+    assert executable_functions(conn, role) == kept
+    reads = set() if kind == "observer" else OBSERVER_READS
+    assert table_privileges(conn, role) == {(r, "SELECT") for r in reads}
+    assert outcomes_as(dsn, role, CALLS) == expected(CALLS, kept)
+    assert outcomes_as(dsn, role, READS) == expected(READS, reads)
+    never = make_role("never")
+    conn.execute(f"SELECT fairq.revoke_{kind}(%s::regrole)", (never,))
+    assert executable_functions(conn, never) == set()
     test_nothing_in_schema_fairq_is_granted_to_public(conn)

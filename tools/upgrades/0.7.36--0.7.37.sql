@@ -1,0 +1,3 @@
+-- 0.7.36 -> 0.7.37: nothing but functions. The install script's new REVOKE lines are
+-- for the functions this version adds (revoke_producer, revoke_worker, revoke_observer
+-- and their helpers), which the generated part revokes from PUBLIC as it creates them.
