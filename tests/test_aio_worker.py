@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
 
 from fairq import (
     AsyncMessage,
@@ -31,6 +32,7 @@ from fairq import (
     SettleStatus,
 )
 from fairq.types import CreateStatus
+from tcp_proxy import Proxy
 from test_worker import FAST, LISTENING, _log, _marks, _probe, _worker_process, phases_logged
 
 TIMEOUT = 60.0  # a failure net only
@@ -274,6 +276,54 @@ def test_work_that_outlives_the_grace_period_is_handed_back_and_cancelled(hdsn: 
             assert (msg.id, msg.num_attempts, msg.recovered) == (sent.id, 2, False)
             assert await completions(hdsn) == []
     asyncio.run(scenario())
+
+
+def test_stop_is_prompt_with_the_database_out_of_reach(
+        dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """As tests/test_worker.py's twin: with the database gone, stop() waited for the
+    dequeue's connection (the pool's timeout) and then for one per message handed back."""
+    async def scenario() -> None:
+        proxy = Proxy(dsn)
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            proxy.dsn, min_size=1, max_size=10, timeout=30, kwargs={"autocommit": True},
+            open=False)
+        await pool.open()
+        handlers = [Endless() for _ in range(3)]
+        started = iter(handlers)
+
+        async def handler(message: AsyncMessage[bytes]) -> None:
+            await next(started)(message)
+
+        task: asyncio.Task[None] | None = None
+        try:
+            queue = AsyncQueue(pool)
+            await queue.send_many([NewMessage(f"t{i}", b"job") for i in range(3)])
+            # A slot left free: the dequeue loop goes on asking for work.
+            worker = AsyncWorker(queue, handler, concurrency=4, lock=timedelta(minutes=1),
+                                 grace_period=timedelta(milliseconds=200),
+                                 poll_interval=timedelta(milliseconds=100), listen=False)
+            task = asyncio.create_task(worker.run())
+            await until(lambda: all(h.started.is_set() for h in handlers), timeout=10)
+            proxy.cut()
+            # The pool's connection is gone and it cannot make another: the dequeue
+            # waits for one.
+            await until(lambda: proxy.refused and pool.get_stats().get("requests_waiting"),
+                        timeout=10)
+            began = time.monotonic()
+            worker.stop()
+            await asyncio.wait({task}, timeout=10)
+            took = time.monotonic() - began
+            assert task.done(), "stop() is waiting for the pool"
+            assert took < 5
+            assert all(h.cancelled.is_set() for h in handlers)
+            assert "could not hand back 3 message(s)" in caplog.text
+        finally:
+            await pool.close()  # (ends the waits of a worker that did not stop)
+            proxy.close()
+            if task is not None:
+                await asyncio.wait_for(task, 30)
+    with caplog.at_level(logging.WARNING, logger="fairq.worker"):
+        asyncio.run(scenario())
 
 
 def test_cancelling_run_hands_running_work_back_at_once(hdsn: str) -> None:

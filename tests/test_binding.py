@@ -438,17 +438,38 @@ def test_a_queues_own_pool_works_where_the_default_isolation_is_another(dsn: str
         Queue(conn).send("a", b"z")  # a connection of the caller's keeps its own setting
 
 
-def test_a_workers_own_connections_time_out_unless_told_otherwise() -> None:
-    """The LISTEN and doorbell connections had no connect timeout: an unreachable host
-    held the worker's loop, and stop(), for minutes."""
+def test_fairqs_own_connections_time_out_unless_told_otherwise() -> None:
+    """The LISTEN and doorbell connections, and a queue's own pool, had no connect
+    timeout: an unreachable host held the worker's loop, and stop(), for minutes."""
     from psycopg.conninfo import conninfo_to_dict
 
-    from fairq._source import side_conninfo
+    from fairq._source import with_connection_defaults
 
-    plain = conninfo_to_dict(side_conninfo("host=db.example dbname=app"))
+    plain = conninfo_to_dict(with_connection_defaults("host=db.example dbname=app"))
     assert (plain["connect_timeout"], plain["keepalives"], plain["dbname"]) == ("10", "1", "app")
-    own = conninfo_to_dict(side_conninfo("postgresql://u@db.example/app?connect_timeout=3"))
+    own = conninfo_to_dict(with_connection_defaults("postgresql://u@db.example/app?connect_timeout=3"))
     assert (own["connect_timeout"], own["user"]) == ("3", "u")
+
+
+def test_a_queues_own_pool_connects_with_a_timeout_and_keepalives(dsn: str) -> None:
+    """Its connections had neither, unlike the worker's own: after a failover to a host
+    that stopped answering, each connect of the pool waited for the system's TCP
+    timeout. The queue's conninfo stays the one it was given (a connect_timeout of
+    the caller's own is kept)."""
+    own = psycopg.conninfo.make_conninfo(dsn, connect_timeout="7")
+    with Queue(dsn) as queue, queue.connection() as conn:
+        assert queue.conninfo == dsn
+        given = conn.info.get_parameters()
+        assert (given.get("connect_timeout"), given.get("keepalives")) == ("10", "1")
+    with Queue(own) as queue, queue.connection() as conn:
+        assert conn.info.get_parameters().get("connect_timeout") == "7"
+
+    async def scenario() -> None:
+        async with AsyncQueue(dsn) as aqueue, aqueue.connection() as aconn:
+            assert aqueue.conninfo == dsn
+            given = aconn.info.get_parameters()
+            assert (given.get("connect_timeout"), given.get("keepalives")) == ("10", "1")
+    asyncio.run(scenario())
 
 
 def test_a_count_past_the_sqls_integer_is_out_of_range(dsn: str) -> None:

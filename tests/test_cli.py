@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from fairq import Queue
+from fairq.doctor import Finding, Verdict, diagnose
 from test_install import CURRENT, later, plain_dsn, upgrade_dir  # noqa: F401  (plain_dsn: fixture)
 from test_worker import _log, _marks, _worker_process, eventually
 
@@ -245,6 +246,82 @@ def test_doctor_as_an_observer_says_what_it_cannot_see(dsn: str, server: Any) ->
     assert found["invariants"][0] == "ok" and found["privileges"][0] == "ok"
 
 
+@pytest.mark.parametrize("grant", [None, "grant_producer"])
+def test_doctor_without_the_observer_grant_says_what_it_could_not_check(
+        dsn: str, server: Any, grant: str | None) -> None:
+    """fairq.check() is denied to a role without fairq.grant_observer (no USAGE on
+    schema fairq, or no EXECUTE on it): the doctor ended on that one error, printing
+    none of the findings it had made."""
+    role = f"fairq_doctor_{uuid.uuid4().hex[:12]}"
+    server.admin(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            if grant is not None:
+                conn.execute(f"SELECT fairq.{grant}(%s::regrole)", [role])  # type: ignore[arg-type]
+            seen = fairq("doctor", "--invariants",
+                         dsn=psycopg.conninfo.make_conninfo(dsn, user=role))
+            conn.execute(f'DROP OWNED BY "{role}"')  # type: ignore[arg-type]
+    finally:
+        server.admin(f'DROP ROLE "{role}"')
+    assert seen.returncode == 1 and "1 problem found" in seen.stderr, seen.stderr
+    found = _findings(seen)
+    denied = "schema fairq" if grant is None else "function check"
+    assert found["invariants"] == (
+        "problem", f"could not run as {role}: permission denied for {denied}; fairq.check()"
+        f" needs fairq.grant_observer (SELECT fairq.grant_observer('{role}') as the owner of"
+        " fairq)")
+    assert {check: found[check][0] for check in ("version", "tables", "privileges")} == (
+        dict.fromkeys(("version", "tables", "privileges"), "ok"))
+
+
+def test_doctor_of_a_plain_install_as_an_observer_runs_the_other_checks(
+        plain_dsn: str, server: Any) -> None:  # noqa: F811
+    """fairq.installed_version is its owner's alone: the doctor stopped at the version,
+    advising fairq.grant_observer, which does not give it."""
+    role = f"fairq_doctor_{uuid.uuid4().hex[:12]}"
+    server.admin(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        assert fairq("install", dsn=plain_dsn).returncode == 0
+        with psycopg.connect(plain_dsn, autocommit=True) as conn:
+            conn.execute("SELECT fairq.grant_observer(%s::regrole)", [role])
+            seen = fairq("doctor", "--invariants",
+                         dsn=psycopg.conninfo.make_conninfo(plain_dsn, user=role))
+            conn.execute(f'DROP OWNED BY "{role}"')  # type: ignore[arg-type]
+    finally:
+        server.admin(f'DROP ROLE "{role}"')
+    assert seen.returncode == 1 and "1 problem found" in seen.stderr, seen.stderr
+    found = _findings(seen)
+    assert found["version"] == (
+        "problem", f"could not run as {role}: permission denied for table installed_version;"
+        " a plain install's version is in fairq.installed_version, which only the owner of"
+        " schema fairq may read: run the doctor as that owner")
+    assert found["invariants"][0] == "ok" and found["privileges"][0] == "ok"
+
+
+def test_diagnose_goes_on_past_a_check_it_may_not_run(dsn: str, server: Any) -> None:
+    """In the caller's transaction: a denied check is rolled back to its savepoint, and
+    the next one runs (the aborted transaction failed every check after it)."""
+    role = f"fairq_doctor_{uuid.uuid4().hex[:12]}"
+    server.admin(f'CREATE ROLE "{role}"')
+    try:
+        with psycopg.connect(dsn) as conn:
+            conn.execute("SELECT fairq.grant_observer(%s::regrole)", [role])
+            # (A hardened database: the catalogs in it are this database's own.)
+            conn.execute("REVOKE SELECT ON pg_catalog.pg_prepared_xacts FROM PUBLIC")
+            conn.execute(f'SET ROLE "{role}"')  # type: ignore[arg-type]
+            found = {f.check: f for f in diagnose(conn, invariants=True)}
+            assert conn.execute("SELECT current_user").fetchone() == (role,)
+            conn.rollback()
+    finally:
+        server.admin(f'DROP ROLE "{role}"')
+    assert found["oldest transaction"] == Finding(
+        "oldest transaction", Verdict.PROBLEM,
+        f"could not run as {role}: permission denied for view pg_prepared_xacts; the check"
+        " reads system catalogs and statistics views: grant the role SELECT on that one")
+    assert [found[check].verdict for check in ("version", "tables", "privileges", "invariants")
+            ] == [Verdict.OK] * 4
+
+
 def test_database_errors_exit_1(dsn: str) -> None:
     result = fairq("send", "", "x", dsn=dsn)
     assert result.returncode == 1 and "p_channel" in result.stderr
@@ -270,6 +347,9 @@ def test_install_and_upgrade(plain_dsn: str, dsn: str, tmp_path: Path) -> None: 
     upgraded = fairq("upgrade", "--scripts", str(scripts.directory), dsn=plain_dsn)
     assert upgraded.returncode == 0, upgraded.stderr
     assert upgraded.stdout.split() == ["applied", f"fairq--{CURRENT}--{next_version}.sql"]
+    downgrade = fairq("upgrade", dsn=plain_dsn)
+    assert downgrade.returncode == 1 and f"newer than this package's {CURRENT}" in (
+        downgrade.stderr), downgrade.stderr
 
     refused = fairq("install", dsn=dsn)
     assert refused.returncode == 1 and "extension" in refused.stderr

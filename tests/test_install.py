@@ -221,6 +221,24 @@ def test_upgrade_without_a_path_or_an_install_changes_nothing(plain_dsn: str,
         assert installed_version(conn) == CURRENT
 
 
+def test_upgrade_refuses_a_downgrade_and_says_which_package_to_install(
+        plain_dsn: str, tmp_path: Path) -> None:
+    """A database upgraded by a newer package, then reached by an older one (a rollback
+    of the application, say): "no upgrade path from X to Y" read like a missing script."""
+    _installed(plain_dsn)
+    [newer] = later(1)
+    with psycopg.connect(plain_dsn) as conn:
+        upgrade(conn, upgrade_dir(tmp_path, [newer]))
+        with pytest.raises(InstallError) as refused:
+            upgrade(conn)
+        assert str(refused.value) == (
+            f"this database has fairq {newer}, newer than this package's {CURRENT}:"
+            f" downgrades are not supported; install the fairq package {newer} or later")
+        with pytest.raises(InstallError, match=f"newer than {CURRENT}, the version asked for"):
+            upgrade(conn, target=CURRENT)
+        assert installed_version(conn) == newer
+
+
 def test_an_upgrade_runs_as_the_owner_of_fairq_and_keeps_its_version_private(
         server: Server, tmp_path: Path) -> None:
     """A plain install made by a role that is not a superuser (a managed database's

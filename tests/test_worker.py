@@ -19,8 +19,10 @@ from typing import Any, TypedDict
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg_pool import ConnectionPool
 
 from fairq import Backoff, CreateStatus, Message, NewMessage, Queue, SettleStatus, Worker
+from tcp_proxy import Proxy
 
 TESTS = Path(__file__).parent
 FAIRQ = Path(sys.executable).parent / "fairq"
@@ -553,6 +555,52 @@ def test_sigterm_finishes_in_flight_work_and_loses_nothing(queue: Queue[bytes], 
     left = queue.dequeue(timedelta(seconds=30), 10)
     assert {m.id for m in left} == ids - completed  # the rest is back in the queue
     assert all(m.num_attempts == 1 and not m.recovered for m in left)
+
+
+def test_stop_is_prompt_with_the_database_out_of_reach(dsn: str,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """With the database gone, stop() waited for the dequeue's connection (the pool's
+    timeout, 30 s here as by default) and then for one per message it handed back (30 s
+    each): minutes, where Kubernetes kills a pod 30 s after SIGTERM. Now the dequeue
+    looks between short waits whether the worker stops, and the first hand-back that
+    gets no connection leaves the rest to their locks."""
+    proxy = Proxy(dsn)
+    pool: ConnectionPool[Any] = ConnectionPool(proxy.dsn, min_size=1, max_size=10, timeout=30,
+                                               kwargs={"autocommit": True}, open=True)
+    release = threading.Event()
+    started: list[int] = []
+
+    def handler(message: Message[bytes]) -> None:
+        started.append(message.id)
+        release.wait()
+
+    try:
+        queue = Queue(pool)
+        queue.send_many([NewMessage(f"t{i}", b"job") for i in range(3)])
+        # A thread left free: the dequeue loop goes on asking for work.
+        worker = Worker(queue, handler, concurrency=4, lock=timedelta(minutes=1),
+                        grace_period=timedelta(milliseconds=200),
+                        poll_interval=timedelta(milliseconds=100), listen=False)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        with caplog.at_level(logging.WARNING, logger="fairq.worker"):
+            thread.start()
+            eventually(lambda: len(started) == 3, timeout=10)
+            proxy.cut()
+            # The pool's connection is gone and it cannot make another: the dequeue
+            # waits for one.
+            eventually(lambda: proxy.refused and pool.get_stats().get("requests_waiting"),
+                       timeout=10)
+            began = time.monotonic()
+            worker.stop()
+            thread.join(10)
+            took = time.monotonic() - began
+            assert not thread.is_alive(), "stop() is waiting for the pool"
+        assert took < 5
+        assert "could not hand back 3 message(s)" in caplog.text
+    finally:
+        release.set()
+        pool.close()  # (ends the waits of a worker that did not stop)
+        proxy.close()
 
 
 def test_sigterm_hands_back_work_that_outlives_the_grace_period(queue: Queue[bytes], dsn: str,

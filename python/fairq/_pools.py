@@ -6,6 +6,11 @@ proxy's idle limit) is replaced instead of failing the caller's call: without th
 check, every pooled connection failed once after a restart, each failure a send or a
 heartbeat that did not happen. Connections used again within :data:`CHECK_AFTER_S`
 of their return are not checked: a busy worker pays no round trip per call.
+
+Their connections get :data:`fairq._source.CONNECTION_DEFAULTS` (a connect timeout,
+keepalives) where the conninfo sets none of its own, as a worker's own connections
+do: without them, after a failover to a host that stopped answering, each call's
+connect waited for the system's TCP timeout.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import weakref
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from fairq._source import with_connection_defaults
 
 __all__ = ["CHECK_AFTER_S", "SESSION_SETUP", "owned_async_pool", "owned_pool"]
 
@@ -59,9 +66,9 @@ def owned_pool(conninfo: str, size: int) -> ConnectionPool[Any]:
         if idle.idle_long(conn):
             ConnectionPool.check_connection(conn)
 
-    return ConnectionPool(conninfo, min_size=1, max_size=size, kwargs={"autocommit": True},
-                          open=True, name="fairq", configure=configure, check=check,
-                          reset=idle.now)
+    return ConnectionPool(with_connection_defaults(conninfo), min_size=1, max_size=size,
+                          kwargs={"autocommit": True}, open=True, name="fairq",
+                          configure=configure, check=check, reset=idle.now)
 
 
 def owned_async_pool(conninfo: str, size: int) -> AsyncConnectionPool[Any]:
@@ -79,6 +86,6 @@ def owned_async_pool(conninfo: str, size: int) -> AsyncConnectionPool[Any]:
     async def now(conn: Any) -> None:
         idle.now(conn)
 
-    return AsyncConnectionPool(conninfo, min_size=1, max_size=size, kwargs={"autocommit": True},
-                               open=False, name="fairq", configure=configure, check=check,
-                               reset=now)
+    return AsyncConnectionPool(with_connection_defaults(conninfo), min_size=1, max_size=size,
+                               kwargs={"autocommit": True}, open=False, name="fairq",
+                               configure=configure, check=check, reset=now)

@@ -1,7 +1,8 @@
 """Where a queue gets its connections: a conninfo string, a connection or a pool.
 
 Shared by the sync and async queues: the conninfo a worker needs for its own LISTEN
-connection, derived from whatever the queue was built on.
+connection, derived from whatever the queue was built on, and the connection settings
+fairq adds to the connections it opens itself.
 """
 
 from __future__ import annotations
@@ -48,19 +49,20 @@ def dsn_argument(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-#: What a worker's own connections (LISTEN, the doorbell) add to the queue's conninfo
-#: unless it says otherwise: a host that stopped answering held a connect, and with it
-#: the worker's loop and stop(), for the system's TCP timeout (minutes); keepalives
-#: find a LISTEN connection whose peer is gone, which otherwise waits for events that
-#: never come.
-SIDE_CONNECTION_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
-                            "keepalives_interval": "10", "keepalives_count": "3"}
+#: What every connection fairq opens itself (a queue's own pool, a worker's LISTEN and
+#: doorbell connections) adds to the conninfo it was given unless that says otherwise:
+#: a host that stopped answering (a failover's old primary) held a connect for the
+#: system's TCP timeout (minutes), and with it a pool's calls or the worker's loop and
+#: stop(); keepalives find a connection whose peer is gone, which otherwise waits for
+#: an answer (or a LISTEN's events) that never comes.
+CONNECTION_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
+                       "keepalives_interval": "10", "keepalives_count": "3"}
 
 
-def side_conninfo(conninfo: str) -> str:
-    """``conninfo`` with :data:`SIDE_CONNECTION_DEFAULTS` where it sets none of its own."""
+def with_connection_defaults(conninfo: str) -> str:
+    """``conninfo`` with :data:`CONNECTION_DEFAULTS` where it sets none of its own."""
     given = conninfo_to_dict(conninfo)
-    return make_conninfo(conninfo, **{k: v for k, v in SIDE_CONNECTION_DEFAULTS.items()
+    return make_conninfo(conninfo, **{k: v for k, v in CONNECTION_DEFAULTS.items()
                                       if k not in given})
 
 

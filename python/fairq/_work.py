@@ -15,9 +15,12 @@ import json
 import logging
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+
+import psycopg
 
 from fairq import _sql
 from fairq.periodic import TickResult
@@ -26,11 +29,13 @@ from fairq.types import CreateStatus, ReceivedMessage, SettleStatus
 __all__ = [
     "DEFAULT_QUEUE",
     "HAND_BACK",
+    "HAND_BACK_CONNECTION_WAIT",
     "HEARTBEAT_LOCK_WAIT",
     "MAX_LOCK",
     "STOPPING",
     "SUCCESS",
     "Backoff",
+    "ConnectionWait",
     "Doorbell",
     "Event",
     "Options",
@@ -42,6 +47,7 @@ __all__ = [
     "queue_name",
     "refuse_awaitable",
     "report_hand_back",
+    "report_hand_backs_given_up",
     "report_heartbeat",
     "report_heartbeat_held",
     "report_settlement",
@@ -49,6 +55,7 @@ __all__ = [
     "stops_worker",
     "unreadable_driver",
     "wakes",
+    "without_connection",
 ]
 
 log = logging.getLogger("fairq.worker")
@@ -410,6 +417,48 @@ def report_heartbeat(message: ReceivedMessage[Any], status: SettleStatus) -> Non
 
 def report_hand_back(message: ReceivedMessage[Any], status: SettleStatus) -> None:
     log.warning("message %s handed back as the worker stops (%s)", message.id, status.value)
+
+
+# -- waiting for a connection ---------------------------------------------------------
+
+class ConnectionWait:
+    """How the dequeue loop waits for a connection of its queue's pool: :data:`SLICE`
+    at a time, looking between two waits whether the worker is stopping, and for
+    :data:`LIMIT` in all before the dequeue counts as failed (logged, and tried again
+    after ``poll_interval``). In one wait of the pool's own timeout (30 s by default),
+    a database that could not be reached held stop() until that wait was over."""
+
+    SLICE = timedelta(milliseconds=250)
+    # psycopg_pool's default timeout: how long the dequeue waited before.
+    LIMIT = timedelta(seconds=30)
+
+    def __init__(self, now: float) -> None:
+        self._since = now  # monotonic seconds
+
+    def over(self, now: float) -> bool:
+        """A wait of SLICE found no connection: whether to give up (True) or wait again."""
+        return now - self._since >= self.LIMIT.total_seconds()
+
+
+# How long a message's hand-back (as the worker stops) waits for a connection of the
+# pool. Stopping is on a clock (Kubernetes kills the process grace seconds after
+# SIGTERM), and a message not handed back only comes back later, when its lock expires.
+HAND_BACK_CONNECTION_WAIT = timedelta(seconds=2)
+
+
+def without_connection(exc: Exception) -> bool:
+    """Whether a call failed for lack of a working connection (the pool's PoolTimeout
+    is an OperationalError too), rather than for what the database answered."""
+    return isinstance(exc, psycopg.OperationalError)
+
+
+def report_hand_backs_given_up(messages: Sequence[ReceivedMessage[Any]],
+                               exc: Exception) -> None:
+    """The hand-backs stop at the first that found no connection: with ten handlers
+    left, each waiting for the pool, a worker took minutes to stop after SIGTERM."""
+    log.error("could not hand back %s message(s) as the worker stops, %s; their locks"
+              " will expire (ids: %s)", len(messages), exc,
+              ", ".join(str(message.id) for message in messages))
 
 
 def unreadable_driver(message: ReceivedMessage[Any], exc: Exception,

@@ -116,8 +116,12 @@ class AsyncQueue(Generic[T]):
         await self.close()
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[AsyncConnection]:
-        """A connection for one unit of work, committed (unless autocommit) at the end."""
+    async def connection(self, *, timeout: float | None = None
+                         ) -> AsyncIterator[AsyncConnection]:
+        """A connection for one unit of work, committed (unless autocommit) at the end.
+        ``timeout``: seconds to wait for one of a pool's connections before
+        ``psycopg_pool.PoolTimeout`` (None: the pool's own timeout); a queue on a single
+        connection waits for it as long as another call holds it."""
         if isinstance(self._backend, _Shared):
             shared = self._backend.conn
             async with self._backend.held():
@@ -128,7 +132,7 @@ class AsyncQueue(Generic[T]):
                         yield shared
         else:
             await self.open()
-            async with self._backend.connection() as conn:
+            async with self._backend.connection(timeout=timeout) as conn:
                 yield conn
 
     @asynccontextmanager

@@ -22,9 +22,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Generic, TypeVar
 
 import psycopg
+from psycopg_pool import PoolTimeout
 
 from fairq import _sql, _timestamps, _work, periodic
-from fairq._source import side_conninfo
+from fairq._source import with_connection_defaults
 from fairq._work import Backoff, Settlement
 from fairq.aio import AsyncQueue
 from fairq.types import AsyncMessage, SettleStatus
@@ -36,14 +37,15 @@ R = TypeVar("R")
 log = _work.log
 
 
-async def settle(message: AsyncMessage[T], settlement: Settlement) -> SettleStatus:
-    """Applies a settlement through the message's queue."""
+async def settle(message: AsyncMessage[T], settlement: Settlement,
+                 conn: psycopg.AsyncConnection[Any] | None = None) -> SettleStatus:
+    """Applies a settlement through the message's queue (on ``conn`` if given)."""
     # (Through the queue: the message's own methods record what its handler did.)
     if settlement.outcome is SettleStatus.COMPLETED:
-        return await message.queue.complete(message)
+        return await message.queue.complete(message, conn=conn)
     if settlement.outcome is SettleStatus.DEAD:
-        return await message.queue.fail(message, settlement.error)
-    return await message.queue.defer(message, delay=settlement.delay)
+        return await message.queue.fail(message, settlement.error, conn=conn)
+    return await message.queue.defer(message, delay=settlement.delay, conn=conn)
 
 
 class AsyncWorker(Generic[T]):
@@ -181,6 +183,8 @@ class AsyncWorker(Generic[T]):
                 log.exception("dequeue failed; retrying in %s", self.options.poll_interval)
                 await self._wait(self.options.poll_interval)
                 continue
+            if not messages and self._stopping:
+                break  # (not a word to the doorbell: the database may be out of reach)
             for message in messages:
                 task = asyncio.create_task(self._process(message),
                                            name=f"fairq-message-{message.id}")
@@ -199,13 +203,28 @@ class AsyncWorker(Generic[T]):
         may have answered (psycopg reads a committed answer before it raises) takes the
         messages anyway and hands them back, instead of leaving them locked until their
         lock expires."""
-        call = asyncio.ensure_future(self.queue.dequeue(self.options.lock, free))
+        call = asyncio.ensure_future(self._dequeue_waiting(free))
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
             with contextlib.suppress(psycopg.Error):
                 await self._hand_back(await call)
             raise
+
+    async def _dequeue_waiting(self, free: int) -> list[AsyncMessage[T]]:
+        """A dequeue whose wait for a pooled connection looks every
+        ``ConnectionWait.SLICE`` whether the worker is stopping: then it takes nothing."""
+        wait = _work.ConnectionWait(time.monotonic())
+        while True:
+            try:
+                async with self.queue.connection(
+                        timeout=wait.SLICE.total_seconds()) as conn:
+                    return await self.queue.dequeue(self.options.lock, free, conn=conn)
+            except PoolTimeout:
+                if self._stopping:
+                    return []
+                if wait.over(time.monotonic()):
+                    raise
 
     async def _may_sleep(self) -> bool:
         """With the doorbell: hold it and hear "quiet" before sleeping (False: look
@@ -228,7 +247,7 @@ class AsyncWorker(Generic[T]):
             if self._doorbell_conn is None or self._doorbell_conn.closed:
                 assert self.queue.conninfo is not None  # as the doorbell's creation checked
                 self._doorbell_conn = await psycopg.AsyncConnection.connect(
-                    side_conninfo(self.queue.conninfo), autocommit=True)
+                    with_connection_defaults(self.queue.conninfo), autocommit=True)
                 # Its answer's next_turn_at is 'infinity' (or the year 10000) while a
                 # channel is paused until resumed.
                 _timestamps.register(self._doorbell_conn)
@@ -248,7 +267,7 @@ class AsyncWorker(Generic[T]):
 
     async def _listen_loop(self) -> None:
         assert self.queue.conninfo is not None  # run() checked it
-        conninfo = side_conninfo(self.queue.conninfo)
+        conninfo = with_connection_defaults(self.queue.conninfo)
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(conninfo,
@@ -331,10 +350,17 @@ class AsyncWorker(Generic[T]):
         self._handed_back.clear()
 
     async def _hand_back(self, messages: list[AsyncMessage[T]]) -> None:
-        for message in messages:
+        """Each hand-back waits ``HAND_BACK_CONNECTION_WAIT`` at most for a connection,
+        and the first that gets none leaves the rest to their locks' expiry."""
+        wait = _work.HAND_BACK_CONNECTION_WAIT.total_seconds()
+        for i, message in enumerate(messages):
             try:
-                status = await settle(message, _work.HAND_BACK)
-            except psycopg.Error:
+                async with message.queue.connection(timeout=wait) as conn:
+                    status = await settle(message, _work.HAND_BACK, conn)
+            except psycopg.Error as exc:
+                if _work.without_connection(exc):
+                    _work.report_hand_backs_given_up(messages[i:], exc)
+                    return
                 log.exception("message %s: could not be handed back; its lock will expire",
                               message.id)
                 continue

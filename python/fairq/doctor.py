@@ -12,7 +12,7 @@ fairq's tables, fairq's objects granted to PUBLIC, and (with ``invariants``)
 from __future__ import annotations
 
 import enum
-import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from fairq import __version__
-from fairq.install import extension_version, installed_version
+from fairq.install import _version_key, extension_version, installed_version
 
 __all__ = ["Finding", "Verdict", "diagnose"]
 
@@ -48,21 +48,10 @@ class Finding:
     detail: str
 
 
-def _version_key(version: str) -> tuple[int, ...] | None:
-    """major.minor.patch as numbers; None for what is not one (a hand-made build)."""
-    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
-    return None if match is None else tuple(int(part) for part in match.groups())
-
-
 def _version(conn: psycopg.Connection[Any]) -> Finding:
     extension = extension_version(conn)
-    try:
-        how, version = ("extension", extension) if extension else ("plain install",
-                                                                   installed_version(conn))
-    except psycopg.errors.InsufficientPrivilege:
-        return Finding("version", Verdict.PROBLEM,
-                       "this role may not read schema fairq: run the doctor as its owner, or"
-                       " as a role given fairq.grant_observer")
+    how, version = ("extension", extension) if extension else ("plain install",
+                                                               installed_version(conn))
     if version is None:
         return Finding("version", Verdict.PROBLEM,
                        "fairq is not installed here (CREATE EXTENSION fairq, or fairq install)")
@@ -224,17 +213,61 @@ def _duration(span: timedelta) -> str:
     return f"{seconds} s"
 
 
+#: What a check that a role may not run needs, said in its finding. The version is
+#: refused only on a plain install (pg_extension is readable by all); the checks not
+#: named read catalogs and statistics views, every role's unless SELECT was revoked.
+_NEEDS = {
+    "version": "a plain install's version is in fairq.installed_version, which only the"
+               " owner of schema fairq may read: run the doctor as that owner",
+    "invariants": "fairq.check() needs fairq.grant_observer"
+                  " (SELECT fairq.grant_observer({role}) as the owner of fairq)",
+}
+_CATALOGS = ("the check reads system catalogs and statistics views: grant the role SELECT"
+             " on that one")
+
+
+def _denied(conn: psycopg.Connection[Any], check: str,
+            error: psycopg.errors.InsufficientPrivilege) -> Finding:
+    row = conn.execute("SELECT current_user, quote_literal(quote_ident(current_user))"
+                       ).fetchone()
+    assert row is not None
+    role, literal = row
+    needs = _NEEDS.get(check, _CATALOGS).format(role=literal)
+    return Finding(check, Verdict.PROBLEM,
+                   f"could not run as {role}: {error.diag.message_primary}; {needs}")
+
+
+def _attempt(conn: psycopg.Connection[Any], check: str,
+             run: Callable[[], list[Finding]]) -> tuple[list[Finding], bool]:
+    """``run``'s findings and True, or, when the role lacks a privilege it needs, a
+    finding that says so and False. Each check runs in a transaction of its own (a
+    savepoint in the caller's): after an error the transaction is aborted, and every
+    check after it failed too."""
+    try:
+        with conn.transaction():
+            return run(), True
+    except psycopg.errors.InsufficientPrivilege as error:
+        return [_denied(conn, check, error)], False
+
+
 def diagnose(conn: psycopg.Connection[Any], *, invariants: bool = False,
              max_transaction_age: timedelta = timedelta(minutes=5)) -> list[Finding]:
     """The findings on ``conn``'s database, in the order above. ``invariants`` also runs
     ``fairq.check()``, which reads every message (a role given fairq.grant_observer
     may; minutes on a table of millions). A snapshot older than
-    ``max_transaction_age`` is reported."""
-    version = _version(conn)
-    if version.verdict is Verdict.PROBLEM:
-        return [version]
-    findings = [version, *_autovacuum(conn), *_oldest_snapshot(conn, max_transaction_age),
-                *_tables(conn), _public_grants(conn)]
+    ``max_transaction_age`` is reported. A check the role may not run is a problem of
+    its own, which says what it needs, and the others still run."""
+    findings, ran = _attempt(conn, "version", lambda: [_version(conn)])
+    if ran and findings[0].verdict is Verdict.PROBLEM:
+        return findings  # not installed: there is no schema fairq for the others to read
+    checks: list[tuple[str, Callable[[], list[Finding]]]] = [
+        ("autovacuum", lambda: _autovacuum(conn)),
+        ("oldest transaction", lambda: _oldest_snapshot(conn, max_transaction_age)),
+        ("tables", lambda: _tables(conn)),
+        ("privileges", lambda: [_public_grants(conn)]),
+    ]
     if invariants:
-        findings += _invariants(conn)
+        checks.append(("invariants", lambda: _invariants(conn)))
+    for check, run in checks:
+        findings += _attempt(conn, check, run)[0]
     return findings

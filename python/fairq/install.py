@@ -32,6 +32,12 @@ class InstallError(Exception):
     """The database is not in a state this command can act on; nothing was changed."""
 
 
+def _version_key(version: str) -> tuple[int, ...] | None:
+    """major.minor.patch as numbers; None for what is not one (a hand-made build)."""
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    return None if match is None else tuple(int(part) for part in match.groups())
+
+
 @dataclass(frozen=True)
 class Scripts:
     """A directory laid out like the extension's: ``fairq.control`` and scripts."""
@@ -171,6 +177,7 @@ def upgrade(conn: Connection, scripts: Scripts | None = None,
             target: str | None = None) -> list[Path]:
     """Applies the upgrade scripts up to ``target`` (default: the current version) in
     one transaction; returns the scripts run (none when already there)."""
+    asked, bundled = bool(target), scripts is None
     scripts = scripts or Scripts.bundled()
     target = target or scripts.default_version
     with conn.transaction():
@@ -182,6 +189,20 @@ def upgrade(conn: Connection, scripts: Scripts | None = None,
         row = conn.execute("SELECT version FROM fairq.installed_version FOR UPDATE").fetchone()
         assert row is not None
         current = str(row[0])
+        installed, wanted = _version_key(current), _version_key(target)
+        # Scripts only lead forward: without this, an older package (an application
+        # rolled back) reported a missing upgrade path, which reads like a broken one.
+        if installed is not None and wanted is not None and installed > wanted:
+            refused = f"this database has fairq {current}, newer than"
+            if asked:
+                raise InstallError(f"{refused} {target}, the version asked for: downgrades"
+                                   " are not supported")
+            if bundled:
+                raise InstallError(f"{refused} this package's {target}: downgrades are not"
+                                   f" supported; install the fairq package {current} or later")
+            raise InstallError(f"{refused} {target}, the default_version in {scripts.directory}:"
+                               f" downgrades are not supported; use the scripts of {current}"
+                               " or later")
         path = scripts.upgrade_path(current, target)
         for script in path:
             _run_script(conn, script)

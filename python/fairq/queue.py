@@ -110,8 +110,11 @@ class Queue(Generic[T]):
         self.close()
 
     @contextmanager
-    def connection(self) -> Iterator[Connection]:
-        """A connection for one unit of work, committed (unless autocommit) at the end."""
+    def connection(self, *, timeout: float | None = None) -> Iterator[Connection]:
+        """A connection for one unit of work, committed (unless autocommit) at the end.
+        ``timeout``: seconds to wait for one of a pool's connections before
+        ``psycopg_pool.PoolTimeout`` (None: the pool's own timeout); a queue on a single
+        connection waits for it as long as another call holds it."""
         if isinstance(self._backend, _Shared):
             shared = self._backend.conn
             with self._backend.lock:
@@ -121,7 +124,7 @@ class Queue(Generic[T]):
                     with shared.transaction():
                         yield shared
         else:
-            with self._backend.connection() as conn:
+            with self._backend.connection(timeout=timeout) as conn:
                 yield conn
 
     @contextmanager

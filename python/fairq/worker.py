@@ -33,9 +33,10 @@ from types import FrameType
 from typing import Any, Generic, TypeVar
 
 import psycopg
+from psycopg_pool import PoolTimeout
 
 from fairq import _sql, _timestamps, _work, periodic
-from fairq._source import side_conninfo
+from fairq._source import with_connection_defaults
 from fairq._work import Backoff, Settlement
 from fairq.queue import Queue
 from fairq.types import Message, SettleStatus
@@ -47,14 +48,15 @@ R = TypeVar("R")
 log = _work.log
 
 
-def settle(message: Message[T], settlement: Settlement) -> SettleStatus:
-    """Applies a settlement through the message's queue."""
+def settle(message: Message[T], settlement: Settlement,
+           conn: psycopg.Connection[Any] | None = None) -> SettleStatus:
+    """Applies a settlement through the message's queue (on ``conn`` if given)."""
     # (Through the queue: the message's own methods record what its handler did.)
     if settlement.outcome is SettleStatus.COMPLETED:
-        return message.queue.complete(message)
+        return message.queue.complete(message, conn=conn)
     if settlement.outcome is SettleStatus.DEAD:
-        return message.queue.fail(message, settlement.error)
-    return message.queue.defer(message, delay=settlement.delay)
+        return message.queue.fail(message, settlement.error, conn=conn)
+    return message.queue.defer(message, delay=settlement.delay, conn=conn)
 
 
 class Worker(Generic[T]):
@@ -158,11 +160,13 @@ class Worker(Generic[T]):
             # wait below instead of being lost.
             self._wake.clear()
             try:
-                messages = self.queue.dequeue(self.options.lock, free)
+                messages = self._dequeue(free)
             except psycopg.Error:
                 log.exception("dequeue failed; retrying in %s", self.options.poll_interval)
                 self._wait(self.options.poll_interval)
                 continue
+            if not messages and self._stopping.is_set():
+                break  # (not a word to the doorbell: the database may be out of reach)
             with self._in_flight_changed:
                 for message in messages:
                     self._in_flight[_work.delivery(message)] = message
@@ -176,6 +180,21 @@ class Worker(Generic[T]):
                 self._doorbell.took_work()
             if self._may_sleep():
                 self._wait(self._wakeups.idle_timeout(datetime.now(timezone.utc)))
+
+    def _dequeue(self, free: int) -> list[Message[T]]:
+        """A dequeue whose wait for a pooled connection looks every
+        ``ConnectionWait.SLICE`` whether the worker is stopping: then it takes nothing."""
+        wait = _work.ConnectionWait(time.monotonic())
+        while True:
+            try:
+                with self.queue.connection(
+                        timeout=wait.SLICE.total_seconds()) as conn:
+                    return self.queue.dequeue(self.options.lock, free, conn=conn)
+            except PoolTimeout:
+                if self._stopping.is_set():
+                    return []
+                if wait.over(time.monotonic()):
+                    raise
 
     def _may_sleep(self) -> bool:
         """With the doorbell: hold it and hear "quiet" before sleeping (False: look
@@ -197,7 +216,7 @@ class Worker(Generic[T]):
         try:
             if self._doorbell_conn is None or self._doorbell_conn.closed:
                 assert self.queue.conninfo is not None  # as the doorbell's creation checked
-                self._doorbell_conn = psycopg.connect(side_conninfo(self.queue.conninfo),
+                self._doorbell_conn = psycopg.connect(with_connection_defaults(self.queue.conninfo),
                                                       autocommit=True)
                 # Its answer's next_turn_at is 'infinity' (or the year 10000) while a
                 # channel is paused until resumed.
@@ -216,9 +235,10 @@ class Worker(Generic[T]):
 
     def _listen_loop(self) -> None:
         assert self.queue.conninfo is not None  # run() checked it
+        conninfo = with_connection_defaults(self.queue.conninfo)
         while not self._finished.is_set():
             try:
-                with psycopg.connect(side_conninfo(self.queue.conninfo), autocommit=True) as conn:
+                with psycopg.connect(conninfo, autocommit=True) as conn:
                     conn.execute("LISTEN fairq")
                     self._wake.set()  # anything sent before LISTEN took effect
                     while not self._finished.is_set():
@@ -292,7 +312,9 @@ class Worker(Generic[T]):
     # -- stopping -------------------------------------------------------------------
 
     def _drain(self) -> None:
-        """Waits up to the grace period for handlers, then defers what still runs."""
+        """Waits up to the grace period for handlers, then defers what still runs: each
+        hand-back waits ``HAND_BACK_CONNECTION_WAIT`` at most for a connection, and the
+        first that gets none leaves the rest to their locks' expiry."""
         deadline = time.monotonic() + self.options.grace_period.total_seconds()
         with self._in_flight_changed:
             while self._in_flight and time.monotonic() < deadline:
@@ -301,10 +323,15 @@ class Worker(Generic[T]):
             # No longer this worker's: not heartbeated, not started if still waiting
             # for a thread, and no slot taken when run() is called again.
             self._in_flight.clear()
-        for message in left:
+        wait = _work.HAND_BACK_CONNECTION_WAIT.total_seconds()
+        for i, message in enumerate(left):
             try:
-                status = settle(message, _work.HAND_BACK)
-            except psycopg.Error:
+                with message.queue.connection(timeout=wait) as conn:
+                    status = settle(message, _work.HAND_BACK, conn)
+            except psycopg.Error as exc:
+                if _work.without_connection(exc):
+                    _work.report_hand_backs_given_up(left[i:], exc)
+                    return
                 log.exception("message %s: could not be handed back; its lock will expire",
                               message.id)
                 continue

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from fairq import _pools
-from fairq._source import side_conninfo
+from fairq._source import with_connection_defaults
 from fairq.queue import Queue
 from fairq.types import CreateStatus, NewMessage
 
@@ -222,7 +222,7 @@ def connect(dsn: str) -> psycopg.Connection[Any]:
     timeout and keepalives on both ends (:data:`WRITER_KEEPALIVES`)."""
     import psycopg
 
-    conn = psycopg.connect(side_conninfo(dsn), autocommit=True)
+    conn = psycopg.connect(with_connection_defaults(dsn), autocommit=True)
     conn.execute(_pools.SESSION_SETUP)
     conn.execute(WRITER_KEEPALIVES)
     return conn
