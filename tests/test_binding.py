@@ -446,7 +446,8 @@ def test_fairqs_own_connections_time_out_unless_told_otherwise() -> None:
     from fairq._source import with_connection_defaults
 
     plain = conninfo_to_dict(with_connection_defaults("host=db.example dbname=app"))
-    assert (plain["connect_timeout"], plain["keepalives"], plain["dbname"]) == ("10", "1", "app")
+    assert (plain["connect_timeout"], plain["keepalives"], plain["tcp_user_timeout"],
+            plain["dbname"]) == ("10", "1", "60000", "app")
     own = conninfo_to_dict(with_connection_defaults("postgresql://u@db.example/app?connect_timeout=3"))
     assert (own["connect_timeout"], own["user"]) == ("3", "u")
 
@@ -460,7 +461,8 @@ def test_a_queues_own_pool_connects_with_a_timeout_and_keepalives(dsn: str) -> N
     with Queue(dsn) as queue, queue.connection() as conn:
         assert queue.conninfo == dsn
         given = conn.info.get_parameters()
-        assert (given.get("connect_timeout"), given.get("keepalives")) == ("10", "1")
+        assert (given.get("connect_timeout"), given.get("keepalives"),
+                given.get("tcp_user_timeout")) == ("10", "1", "60000")
     with Queue(own) as queue, queue.connection() as conn:
         assert conn.info.get_parameters().get("connect_timeout") == "7"
 

@@ -53,17 +53,24 @@ def dsn_argument(text: str) -> str:
 #: doorbell connections) adds to the conninfo it was given unless that says otherwise:
 #: a host that stopped answering (a failover's old primary) held a connect for the
 #: system's TCP timeout (minutes), and with it a pool's calls or the worker's loop and
-#: stop(); keepalives find a connection whose peer is gone, which otherwise waits for
-#: an answer (or a LISTEN's events) that never comes.
+#: stop(); keepalives find an idle connection whose peer is gone, which otherwise
+#: waits for an answer (or a LISTEN's events) that never comes; and tcp_user_timeout
+#: ends one whose sent call the peer never acknowledged, which keepalives do not probe
+#: (the kernel retransmits for some 15 minutes). A server busy with a long statement
+#: has acknowledged it: that wait is not cut short.
 CONNECTION_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
-                       "keepalives_interval": "10", "keepalives_count": "3"}
+                       "keepalives_interval": "10", "keepalives_count": "3",
+                       "tcp_user_timeout": "60000"}
 
 
 def with_connection_defaults(conninfo: str) -> str:
-    """``conninfo`` with :data:`CONNECTION_DEFAULTS` where it sets none of its own."""
+    """``conninfo`` with :data:`CONNECTION_DEFAULTS` where it sets none of its own, and
+    only those this libpq knows (tcp_user_timeout came with libpq 12; an unknown
+    keyword would fail every connect)."""
     given = conninfo_to_dict(conninfo)
+    known = {d.keyword.decode() for d in pq.Conninfo.get_defaults()}
     return make_conninfo(conninfo, **{k: v for k, v in CONNECTION_DEFAULTS.items()
-                                      if k not in given})
+                                      if k not in given and k in known})
 
 
 def conninfo_of(source: Source) -> str | None:
