@@ -178,8 +178,9 @@ def test_doctor_reports_what_keeps_fairq_from_running_well(dsn: str) -> None:
     behind = os.environ.get("FAIRQ_TEST_EXTENSION_VERSION", CURRENT) != CURRENT
     assert found["version"][0] == ("warning" if behind else "ok")
     assert {check: found[check][0] for check in
-            ("oldest transaction", "tables", "privileges", "invariants")} == dict.fromkeys(
-        ("oldest transaction", "tables", "privileges", "invariants"), "ok")
+            ("oldest transaction", "tables", "privileges", "periodic schedules", "invariants")
+            } == dict.fromkeys(
+        ("oldest transaction", "tables", "privileges", "periodic schedules", "invariants"), "ok")
     assert found["autovacuum"][0] in ("ok", "warning")  # warning: a naptime over 10 s
 
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -200,10 +201,12 @@ def test_doctor_reports_what_keeps_fairq_from_running_well(dsn: str) -> None:
         conn.execute("SELECT fairq.message_create('tenant-a', '\\x00')")
         conn.execute("SELECT fairq.message_dequeue(60000)")
         conn.execute("UPDATE fairq.channel SET in_flight = 2 WHERE name = 'tenant-a'")
+        # Each schedule's driver would die after three ticks.
+        conn.execute("SELECT fairq.channel_set('fairq.periodic', p_max_attempts => 3)")
         sick = fairq("doctor", "--invariants", "--max-transaction-age", "0", dsn=dsn)
         quick = fairq("doctor", dsn=dsn)
         holder.rollback()
-    assert sick.returncode == 1 and "2 problems found" in sick.stderr
+    assert sick.returncode == 1 and "3 problems found" in sick.stderr
     found = _findings(sick)
     assert found["oldest transaction"][0] == "warning"
     assert f"backend {holder_pid} has held a snapshot" in found["oldest transaction"][1]
@@ -214,11 +217,15 @@ def test_doctor_reports_what_keeps_fairq_from_running_well(dsn: str) -> None:
         "warning", "20,000 dead rows and never vacuumed: autovacuum is not keeping up (see"
         " the oldest transaction, and docs/operations.md on table health)")
     assert "tables" not in found
+    assert found["periodic schedules, queue default"] == (
+        "problem", "channel fairq.periodic has max_attempts 3: each schedule's driver dies"
+        " after 3 ticks; set its policy again without p_max_attempts, or SELECT"
+        " fairq.channel_clear('fairq.periodic', 'default')")
     assert found["invariant, channel tenant-a"] == (
         "problem", "in_flight is 2 but 1 messages are locked (max_concurrency 2)")
     # Without --invariants fairq.check() is not run; the default age spares a fresh
     # transaction.
-    assert quick.returncode == 1 and "1 problem found" in quick.stderr
+    assert quick.returncode == 1 and "2 problems found" in quick.stderr
     assert _findings(quick)["oldest transaction"][0] == "ok"
 
 
@@ -263,8 +270,13 @@ def test_doctor_without_the_observer_grant_says_what_it_could_not_check(
             conn.execute(f'DROP OWNED BY "{role}"')  # type: ignore[arg-type]
     finally:
         server.admin(f'DROP ROLE "{role}"')
-    assert seen.returncode == 1 and "1 problem found" in seen.stderr, seen.stderr
+    assert seen.returncode == 1 and "2 problems found" in seen.stderr, seen.stderr
     found = _findings(seen)
+    assert found["periodic schedules"] == (
+        "problem", f"could not run as {role}: permission denied for"
+        f" {'schema fairq' if grant is None else 'view channels'}; reading fairq.channels"
+        f" needs fairq.grant_observer (SELECT fairq.grant_observer('{role}') as the owner of"
+        " fairq)")
     denied = "schema fairq" if grant is None else "function check"
     assert found["invariants"] == (
         "problem", f"could not run as {role}: permission denied for {denied}; fairq.check()"

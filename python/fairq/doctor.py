@@ -5,7 +5,8 @@ Each check gives a :class:`Finding`. The checks are the things that quietly slow
 break a PostgreSQL queue in production: an installed version behind the package, a
 transaction or replication slot that keeps vacuum from removing served messages (every
 dequeue then walks their index entries), autovacuum off, too slow or behind on
-fairq's tables, fairq's objects granted to PUBLIC, and (with ``invariants``)
+fairq's tables, fairq's objects granted to PUBLIC, a ``max_attempts`` on the
+periodic schedules' channel (their drivers die), and (with ``invariants``)
 ``fairq.check()``'s inconsistencies between counters, turns and messages.
 """
 
@@ -21,6 +22,7 @@ import psycopg
 
 from fairq import __version__
 from fairq.install import _version_key, extension_version, installed_version
+from fairq.periodic import PERIODIC_CHANNEL
 
 __all__ = ["Finding", "Verdict", "diagnose"]
 
@@ -198,6 +200,23 @@ def _public_grants(conn: psycopg.Connection[Any]) -> Finding:
     return Finding("privileges", Verdict.OK, "nothing of fairq's is granted to PUBLIC")
 
 
+def _periodic_drivers(conn: psycopg.Connection[Any]) -> list[Finding]:
+    # A driver's num_attempts grows by one a tick (fairq.periodic): with max_attempts on
+    # its channel it dies after that many ticks, its schedule falls silent, and a
+    # driver put back from the dead letters has lost its name (a retry drops the dedup
+    # key), so the next schedule_periodic makes a second driver beside it.
+    rows = conn.execute("SELECT queue, quote_literal(queue), max_attempts FROM fairq.channels"
+                        " WHERE channel = %s AND max_attempts IS NOT NULL ORDER BY queue",
+                        [PERIODIC_CHANNEL]).fetchall()
+    return [Finding(f"periodic schedules, queue {queue}", Verdict.PROBLEM,
+                    f"channel {PERIODIC_CHANNEL} has max_attempts {attempts}: each schedule's"
+                    f" driver dies after {attempts} ticks; set its policy again without"
+                    f" p_max_attempts, or SELECT fairq.channel_clear('{PERIODIC_CHANNEL}',"
+                    f" {literal})")
+            for queue, literal, attempts in rows] or [
+        Finding("periodic schedules", Verdict.OK, f"{PERIODIC_CHANNEL} has no max_attempts")]
+
+
 def _invariants(conn: psycopg.Connection[Any]) -> list[Finding]:
     rows = conn.execute("SELECT channel, problem FROM fairq.check()").fetchall()
     return [Finding(f"invariant, channel {channel}", Verdict.PROBLEM, problem)
@@ -221,6 +240,8 @@ _NEEDS = {
                " owner of schema fairq may read: run the doctor as that owner",
     "invariants": "fairq.check() needs fairq.grant_observer"
                   " (SELECT fairq.grant_observer({role}) as the owner of fairq)",
+    "periodic schedules": "reading fairq.channels needs fairq.grant_observer"
+                          " (SELECT fairq.grant_observer({role}) as the owner of fairq)",
 }
 _CATALOGS = ("the check reads system catalogs and statistics views: grant the role SELECT"
              " on that one")
@@ -265,6 +286,7 @@ def diagnose(conn: psycopg.Connection[Any], *, invariants: bool = False,
         ("oldest transaction", lambda: _oldest_snapshot(conn, max_transaction_age)),
         ("tables", lambda: _tables(conn)),
         ("privileges", lambda: [_public_grants(conn)]),
+        ("periodic schedules", lambda: _periodic_drivers(conn)),
     ]
     if invariants:
         checks.append(("invariants", lambda: _invariants(conn)))
