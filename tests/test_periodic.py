@@ -7,13 +7,18 @@ Cron ticks are checked where they land, in the driver's ``dequeue_at`` and in wh
 from __future__ import annotations
 
 import asyncio
+import json
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
 import pytest
 
+import fairq.aio
+import fairq.queue
 from fairq import (
     AsyncQueue,
     AsyncWorker,
@@ -60,6 +65,14 @@ def work_messages(dsn: str, channel: str) -> list[bytes]:
     return [bytes(r[0]) for r in rows]
 
 
+def message_count(dsn: str) -> int:
+    """How many messages there are, in every channel."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM fairq.message").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 # -- the schedule's arithmetic ----------------------------------------------------------
 
 def cron(expr: str, zone: str | None = None) -> Schedule:
@@ -103,6 +116,25 @@ def test_a_time_zone_follows_debian_crons_dst_rules() -> None:
     assert night.next_after(first, first) == at("2026-10-26T01:30:00+00:00")  # not 01:30 on the 25th
 
 
+def test_a_time_in_the_hour_the_autumn_change_repeats_is_never_answered_for_a_later_one() -> None:
+    """cronsim counts in wall time: from 01:10 EST (the second pass of the hour New
+    York repeats on 2026-11-01) it answers 01:30 EDT, forty minutes before. 0.7.37 made
+    that the next tick: a tick run late was deferred to its own due time and ran again
+    at once, for the rest of the hour. The first tick of a schedule made then was in
+    the past."""
+    nightly = cron("30 1 * * *", "America/New_York")
+    due = at("2026-11-01T05:30:00+00:00")  # 01:30 EDT, the hour's first pass
+    late = at("2026-11-01T06:10:00+00:00")  # 01:10 EST, the second
+    tomorrow = at("2026-11-02T06:30:00+00:00")  # 01:30 EST
+    assert nightly.next_after(due, late) == tomorrow
+    assert nightly.first_at(None, late) == tomorrow
+    assert nightly.first_at(late, at("2026-10-01T00:00:00+00:00")) == tomorrow
+    # A schedule that fires within the hour still does, on each pass.
+    every20 = cron("*/20 * * * *", "America/New_York")
+    assert every20.next_after(at("2026-11-01T05:40:00+00:00"), late) \
+        == at("2026-11-01T06:20:00+00:00")
+
+
 def test_missed_ticks_are_skipped_not_replayed() -> None:
     every5 = cron("*/5 * * * *")
     due = at("2026-11-23T10:00:00+00:00")
@@ -128,6 +160,34 @@ def test_missed_ticks_are_skipped_not_replayed() -> None:
 def test_a_schedule_needs_exactly_one_valid_interval_or_cron(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         Schedule("s", channel="c", content=b"", **kwargs)
+
+
+@pytest.mark.parametrize(("field", "kwargs"), [
+    ("priority", {"priority": 2**31}),
+    ("priority", {"priority": -2**31 - 1}),
+    ("priority", {"priority": 1.5}),
+    ("channel", {"channel": ""}),
+    ("channel", {"channel": "j" * 256}),
+    ("channel", {"channel": "é" * 128}),  # 128 characters, 256 bytes
+    ("channel", {"channel": "a\x00b"}),
+    ("channel", {"channel": PERIODIC_CHANNEL}),
+    ("interval", {"interval": timedelta(days=365 * 8000)}),
+    ("interval", {"interval": timedelta(days=3650, milliseconds=1)}),
+])
+def test_a_schedule_whose_every_tick_would_fail_is_refused(queue: Queue[bytes], dsn: str,
+                                                           field: str,
+                                                           kwargs: dict[str, Any]) -> None:
+    """Each of these made a driver (0.7.37) whose every tick failed: the database
+    refused the work (an integer priority, a channel name), the next tick was past
+    what a timestamp holds, or the work was a message on the drivers' own channel (one
+    more driver per tick). Now refused, naming the field, before anything is sent."""
+    args: dict[str, Any] = {"interval": timedelta(minutes=1), "channel": "reports", **kwargs}
+    with pytest.raises(ValueError, match=f"^{field} "):
+        queue.schedule_periodic("s", args.pop("interval"), args.pop("channel"), b"r", **args)
+    assert message_count(dsn) == 0
+    # The limits themselves are fine.
+    Schedule("s", timedelta(days=3650), "é" * 127 + "x", b"", priority=-2**31)
+    Schedule("s", timedelta(seconds=1), "c" * 255, b"", priority=2**31 - 1)
 
 
 def test_a_schedule_round_trips_through_its_driver_content() -> None:
@@ -189,6 +249,21 @@ def test_periodic_tick_fires_once_and_moves_the_driver_to_the_next_cron_time(
     driver_id, dequeue_at, attempts = driver_row(dsn)
     assert (driver_id, dequeue_at, attempts) == (driver.id, expected, 1)
     assert work_messages(dsn, "reports") == [b"r"]  # one message, not twelve
+
+
+def test_a_tick_run_late_in_the_hour_the_autumn_change_repeats_runs_once(
+        queue: Queue[bytes], dsn: str) -> None:
+    """A nightly 01:30 New York job ticked forty minutes late, at 01:10 EST on the
+    night the clocks go back: the driver moves to the next night. 0.7.37 deferred it
+    to its own due time, and the job ran again and again for the rest of the hour."""
+    queue.schedule_periodic("nightly", None, "jobs", b"run", cron="30 1 * * *",
+                            timezone="America/New_York", start_at=at("2026-11-01T05:00:00+00:00"))
+    [driver] = queue.dequeue(timedelta(seconds=30))
+    assert driver.dequeue_at == at("2026-11-01T05:30:00+00:00")  # 01:30 EDT
+    result = queue.periodic_tick(driver, now=at("2026-11-01T06:10:00+00:00"))
+    assert result.next_at == at("2026-11-02T06:30:00+00:00")  # 01:30 EST, the next night
+    assert driver_row(dsn)[1:] == (result.next_at, 1)
+    assert work_messages(dsn, "jobs") == [b"run"]
 
 
 def test_periodic_tick_of_a_driver_no_longer_ours_changes_nothing(queue: Queue[bytes],
@@ -324,3 +399,123 @@ def test_a_worker_defers_a_periodic_message_it_cannot_read(queue: Queue[bytes], 
                 await run
         asyncio.run(asyncio.wait_for(scenario(), 60))
     assert handled == []
+
+
+@pytest.mark.parametrize("doc", [
+    {"priority": 2**31},
+    {"channel": ""},
+    {"channel": "j" * 300},
+    {"channel": PERIODIC_CHANNEL},  # a tick would add a driver, its tick one more, ...
+    {"interval_ms": 365 * 8000 * 86_400_000},
+    {"interval_ms": 10**20},  # past what a timedelta holds: OverflowError
+])
+def test_a_driver_whose_tick_would_fail_is_unreadable_and_changes_nothing(
+        queue: Queue[bytes], dsn: str, doc: dict[str, Any]) -> None:
+    """A driver sent to the channel as raw JSON (not through schedule_periodic) gets
+    the schedule's checks as it is read: its tick raises Unreadable, which a worker
+    defers with back-off, and creates no work."""
+    raw = {"name": "raw", "interval_ms": 60_000, "channel": "reports", "priority": 0,
+           "content": "eA==", **doc}
+    queue.send(PERIODIC_CHANNEL, json.dumps(raw).encode())
+    [driver] = queue.dequeue(timedelta(seconds=30))
+    with pytest.raises(periodic.Unreadable, match="is not a schedule"):
+        queue.periodic_tick(driver, now=driver.dequeue_at)
+    assert message_count(dsn) == 1  # the driver: no work, no second driver
+    assert driver_row(dsn)[2] == 1  # still locked by us, delivered once
+
+
+@contextmanager
+def role_dsn(server: Any, dsn: str, *grants: str) -> Iterator[str]:
+    """The conninfo of a new login role of ``dsn``'s database given ``grants``
+    (``grant_worker``, ...), dropped afterwards."""
+    role = f"fairq_periodic_{uuid.uuid4().hex[:12]}"
+    server.admin(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for grant in grants:
+                conn.execute(f"SELECT fairq.{grant}(%s::regrole)", [role])  # type: ignore[arg-type]
+        yield psycopg.conninfo.make_conninfo(dsn, user=role)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')  # type: ignore[arg-type]
+        server.admin(f'DROP ROLE "{role}"')
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_worker_defers_a_driver_whose_tick_fails(queue: Queue[bytes], dsn: str, server: Any,
+                                                  kind: str) -> None:
+    """A tick the database refuses (here: the worker's role was not given
+    grant_producer, which a tick needs to create its work) is deferred with back-off
+    like an unreadable driver: 0.7.37's workers logged "could not be settled" and left
+    the driver locked, to fail again after every lock, forever."""
+    created = queue.schedule_periodic("p", timedelta(minutes=1), "reports", b"r")
+    assert created.id is not None
+    options: dict[str, Any] = {"lock": timedelta(minutes=5), "max_attempts": 1,
+                               "backoff": Backoff(base=timedelta(minutes=1)), **FAST}
+    deferred = ("scheduled", 1, True)
+    handled: list[object] = []
+    with role_dsn(server, dsn, "grant_worker") as worker_dsn:
+        if kind == "sync":
+            with Queue(worker_dsn) as wqueue, running(Worker(wqueue, handled.append, **options)):
+                eventually(lambda: message_state(dsn, created.id) == deferred)
+        else:
+            async def scenario() -> None:
+                async def handler(message: object) -> None:
+                    handled.append(message)
+                async with AsyncQueue(worker_dsn) as aqueue:
+                    worker = AsyncWorker(aqueue, handler, **options)
+                    run = asyncio.create_task(worker.run())
+                    while message_state(dsn, created.id) != deferred:
+                        await asyncio.sleep(0.05)
+                    worker.stop()
+                    await run
+            asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert handled == [] and work_messages(dsn, "reports") == []
+
+
+def skew_host_clock(monkeypatch: pytest.MonkeyPatch, skew: timedelta) -> None:
+    """Makes ``datetime.now()`` in the queues' modules read ``skew`` off the real time."""
+    class Skewed(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return datetime.now(tz) + skew
+    for module in (fairq.queue, fairq.aio, periodic):
+        monkeypatch.setattr(module, "datetime", Skewed)
+
+
+def database_now(dsn: str) -> datetime:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("skew", [timedelta(days=1), -timedelta(days=1)])
+def test_a_tick_reads_the_databases_clock_not_the_hosts(
+        queue: Queue[bytes], dsn: str, server: Any, monkeypatch: pytest.MonkeyPatch,
+        kind: str, skew: timedelta) -> None:
+    """The database hands drivers out by its clock, so a tick without ``now=`` moves
+    to the first tick after the database's now, read in the tick's transaction (by a
+    role with only the worker's and producer's grants). 0.7.37 read the worker host's
+    clock: one a day ahead silenced the schedule for a day; one a day behind deferred
+    the driver to a tick already past, and it ran again at once, once per tick missed
+    during an outage: twelve, not one."""
+    start = database_now(dsn) - timedelta(hours=10, minutes=30)  # 10 h of ticks missed
+    queue.schedule_periodic("hourly", timedelta(hours=1), "reports", b"r", start_at=start)
+    expected = start + timedelta(hours=11)  # the database's now + 30 min
+    skew_host_clock(monkeypatch, skew)
+    with role_dsn(server, dsn, "grant_worker", "grant_producer") as worker_dsn:
+        if kind == "sync":
+            with Queue(worker_dsn) as wqueue:
+                [driver] = wqueue.dequeue(timedelta(seconds=30))
+                result = wqueue.periodic_tick(driver)
+        else:
+            async def scenario() -> periodic.TickResult:
+                async with AsyncQueue(worker_dsn) as aqueue:
+                    [driver] = await aqueue.dequeue(timedelta(seconds=30))
+                    return await aqueue.periodic_tick(driver)
+            result = asyncio.run(scenario())
+    assert (result.status, result.next_at) == (SettleStatus.DEFERRED, expected)
+    assert driver_row(dsn)[1:] == (expected, 1)  # not due again before then
+    assert work_messages(dsn, "reports") == [b"r"]  # one, not eleven

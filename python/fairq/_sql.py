@@ -50,6 +50,23 @@ Row = tuple[Any, ...]
 INTEGER = range(-2**31, 2**31)
 BIGINT = range(-2**63, 2**63)
 
+# The longest duration the SQL takes (fairq.max_duration_ms(): ten years of 365 days).
+MAX_DURATION = timedelta(milliseconds=315_360_000_000)
+
+
+def require_channel(channel: str, name: str) -> None:
+    """Raises unless ``channel`` is a channel name the SQL takes (fairq.require_channel_name:
+    non-empty, at most 255 bytes) and PostgreSQL's text can hold (no NUL). For values
+    checked long before they reach the SQL, such as a schedule's channel, whose every
+    tick would fail."""
+    if not isinstance(channel, str):
+        raise TypeError(f"{name} must be a str, got {type(channel).__name__}")
+    size = len(channel.encode())  # (a lone surrogate raises UnicodeEncodeError, a ValueError)
+    if not 1 <= size <= 255:
+        raise ValueError(f"{name} must be non-empty text of at most 255 bytes, got {size} bytes")
+    if "\x00" in channel:
+        raise ValueError(f"{name} must not contain NUL (PostgreSQL's text cannot), got {channel!r}")
+
 # Columns of fairq.message_dequeue, in the order ReceivedMessage takes them.
 DEQUEUED_COLUMNS = "id, channel, content, state, num_attempts, priority, dequeue_at, recovered"
 
@@ -232,6 +249,14 @@ def create_batch(messages: Sequence[NewMessage[T]], codec: Codec[T], *,
          "dedup_keys": [m.dedup_key for m in messages],
          "queue": queue},
         lambda rows: [_create_result(*row) for row in rows])
+
+
+def clock() -> Call[datetime]:
+    """The database's clock, read as relative delays read it (``clock_timestamp()``).
+    It is ``fairq.clock()``, which hands messages out, except in tests that moved that
+    one with ``fairq.clock_travel``: a worker may not call ``fairq.clock()`` (it is
+    granted to nobody) nor read ``fairq.clock_offset``."""
+    return Call("SELECT clock_timestamp()", {}, _scalar)
 
 
 def dequeue(lock: timedelta, max_messages: int, *, queue: str) -> Call[list[Row]]:

@@ -22,8 +22,7 @@ from typing import Any
 
 import psycopg
 
-from fairq import _sql
-from fairq.periodic import TickResult
+from fairq import _sql, periodic
 from fairq.types import CreateStatus, ReceivedMessage, SettleStatus
 
 __all__ = [
@@ -43,6 +42,7 @@ __all__ = [
     "Wakeups",
     "after_failure",
     "delivery",
+    "driver_not_ticked",
     "parse_event",
     "queue_name",
     "refuse_awaitable",
@@ -53,7 +53,6 @@ __all__ = [
     "report_settlement",
     "report_tick",
     "stops_worker",
-    "unreadable_driver",
     "wakes",
     "without_connection",
 ]
@@ -82,8 +81,8 @@ class Backoff:
         return ceiling / 2 + ceiling / 2 * random.random()
 
 
-# The longest duration the SQL takes (fairq.max_duration_ms(): ten years of 365 days).
-MAX_LOCK = timedelta(milliseconds=315_360_000_000)
+# A lock is a duration the SQL takes.
+MAX_LOCK = _sql.MAX_DURATION
 
 
 @dataclass(frozen=True)
@@ -461,19 +460,28 @@ def report_hand_backs_given_up(messages: Sequence[ReceivedMessage[Any]],
               ", ".join(str(message.id) for message in messages))
 
 
-def unreadable_driver(message: ReceivedMessage[Any], exc: Exception,
+def driver_not_ticked(message: ReceivedMessage[Any], exc: Exception,
                       options: Options) -> Settlement:
-    """A message on the periodic channel that is not a schedule this worker can read
-    (another application's message on that channel, or a driver written by a newer
-    version): deferred with back-off, never dead-lettered — a driver's attempt count
-    grows by one per tick, so the worker's max_attempts says nothing about it, and a
-    newer worker may read it."""
+    """A message on the periodic channel whose tick did not happen: not a schedule this
+    worker can read (:class:`fairq.periodic.Unreadable`: another application's message
+    on that channel, or a driver written by a newer version), or a tick that failed
+    (the database refused its work, the connection broke). Deferred with back-off,
+    never dead-lettered — a driver's attempt count grows by one per tick, so the
+    worker's max_attempts says nothing about it, and a newer worker may read it. Left
+    locked, it came back after every lock, forever. (A tick that did commit before its
+    answer was lost has unlocked the driver: this deferral answers stale, changing
+    nothing.)"""
     delay = options.backoff.delay(message.num_attempts)
-    log.error("%s (channel %s); deferred by %.1fs", exc, message.channel, delay.total_seconds())
+    if isinstance(exc, periodic.Unreadable):
+        log.error("%s (channel %s); deferred by %.1fs", exc, message.channel,
+                  delay.total_seconds())
+    else:
+        log.error("message %s: periodic tick failed, %s: %s; deferred by %.1fs", message.id,
+                  type(exc).__name__, exc, delay.total_seconds())
     return Settlement(SettleStatus.DEFERRED, delay=delay)
 
 
-def report_tick(result: TickResult) -> None:
+def report_tick(result: periodic.TickResult) -> None:
     if result.work is None:
         log.warning("periodic %r: driver lock lost (%s), tick rolled back",
                     result.schedule.name, result.status.value)

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
 import psycopg
@@ -265,14 +265,16 @@ class AsyncQueue(Generic[T]):
     async def periodic_tick(self, driver: ReceivedMessage[T], *, now: datetime | None = None,
                             conn: AsyncConnection | None = None) -> periodic.TickResult:
         """:meth:`fairq.Queue.periodic_tick`, with asyncio."""
-        tick = periodic.tick(driver, now or datetime.now(timezone.utc), self.name)
         try:
             async with self._atomic(conn) as tx:
+                if now is None:
+                    now = await self._run(_sql.clock(), tx)
+                tick = periodic.tick(driver, now, self.name)
                 work = await self._run(tick.work, tx)
                 tick.check(await self._run(tick.reschedule, tx))
+                return tick.done(work)
         except periodic.Refused as refused:
-            return tick.refused(refused)
-        return tick.done(work)
+            return refused.result
 
     @asynccontextmanager
     async def _atomic(self, conn: AsyncConnection | None) -> AsyncIterator[AsyncConnection]:

@@ -290,8 +290,8 @@ class AsyncWorker(Generic[T]):
                 try:
                     _work.report_tick(await self.queue.periodic_tick(message))
                     return
-                except periodic.Unreadable as exc:
-                    settlement = _work.unreadable_driver(message, exc, self.options)
+                except Exception as exc:  # unreadable, or the tick failed: not left to its lock
+                    settlement = _work.driver_not_ticked(message, exc, self.options)
             else:
                 try:
                     await self.handler(message)

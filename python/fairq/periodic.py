@@ -11,9 +11,11 @@ tick happens once.
 
 Ticks missed while no worker ran are not replayed: the next tick is the first one of
 the schedule after now (a worker that was down for an hour on a five-minute schedule
-sends one message when it comes back, not twelve). Cron expressions are evaluated in
-UTC unless the schedule names a time zone (with that zone's DST, as Debian's cron
-does: see cronsim).
+sends one message when it comes back, not twelve). Now is the database's clock, read
+in the tick's transaction, since the database's clock hands the driver out: a worker
+host's clock a day ahead silenced the schedule for a day, one behind replayed the
+missed ticks. Cron expressions are evaluated in UTC unless the schedule names a time
+zone (with that zone's DST, as Debian's cron does: see cronsim).
 
 The driver keeps its row forever, so its ``num_attempts`` grows by one per tick: give
 ``fairq.periodic`` no ``max_attempts``.
@@ -58,10 +60,27 @@ class Schedule:
     timezone: str | None = None
 
     def __post_init__(self) -> None:
+        # Checked here, when the schedule is made (and whenever a driver is read), for
+        # what would make every tick fail: the database would refuse each tick's work,
+        # and the driver would come back, never sending anything and never dying.
         if (self.interval is None) == (self.cron is None):
             raise ValueError("give exactly one of interval and cron")
-        if self.interval is not None and self.interval <= timedelta(0):
-            raise ValueError(f"interval must be positive, got {self.interval}")
+        if self.interval is not None and not timedelta(0) < self.interval <= _sql.MAX_DURATION:
+            # (Ten years, the longest duration the SQL takes: one of 8000 years took
+            # the next tick past what a timestamp holds.)
+            raise ValueError(f"interval must be positive and at most {_sql.MAX_DURATION.days}"
+                             f" days (fairq.max_duration_ms()), got {self.interval}")
+        _sql.require_channel(self.channel, "channel")
+        if self.channel == PERIODIC_CHANNEL:
+            # Its work would be a message on the drivers' channel: a schedule there is
+            # one more driver per tick, anything else a message no worker can tick.
+            raise ValueError(f"channel must not be {PERIODIC_CHANNEL!r}, the channel of"
+                             " the schedules' drivers")
+        # (The type first: `in` tests a float or a str against each integer in turn.)
+        if not isinstance(self.priority, int) or self.priority not in _sql.INTEGER:
+            raise ValueError(f"priority must be an integer from {_sql.INTEGER.start} to"
+                             f" {_sql.INTEGER.stop - 1} (the SQL's integer), got"
+                             f" {self.priority!r}")
         if self.timezone is not None and self.cron is None:
             raise ValueError("timezone is for cron schedules only")
         if self.cron is not None:
@@ -81,10 +100,14 @@ class Schedule:
         assert self.cron is not None
         if moment.tzinfo is None:
             raise ValueError(f"a cron schedule needs aware datetimes, got {moment}")
-        try:
-            return next(CronSim(self.cron, moment.astimezone(self._zone()))).astimezone(UTC)
-        except StopIteration:
-            raise ValueError(f"cron expression {self.cron!r} has no time after {moment}") from None
+        # cronsim counts in local wall time: from a moment in the hour the autumn DST
+        # change repeats, it may answer that hour's first pass, before the moment (from
+        # 01:10 EST, 01:30 EDT). The driver was then deferred to its own due time and
+        # ran again at once, for as long as the hour lasted. Such answers are skipped.
+        for candidate in CronSim(self.cron, moment.astimezone(self._zone())):
+            if candidate.astimezone(UTC) > moment:
+                return candidate.astimezone(UTC)
+        raise ValueError(f"cron expression {self.cron!r} has no time after {moment}")
 
     def first_at(self, start_at: datetime | None, now: datetime) -> datetime | None:
         """The first tick, at or after ``start_at`` (default: ``now``). None for an
@@ -157,11 +180,12 @@ class Unreadable(ValueError):
 
 
 class Refused(Exception):
-    """Raised inside a tick's transaction to roll it back: the driver was not ours."""
+    """Raised inside a tick's transaction to roll it back: the driver was not ours.
+    ``result`` is the tick's result."""
 
-    def __init__(self, status: SettleStatus) -> None:
-        super().__init__(status.value)
-        self.status = status
+    def __init__(self, result: TickResult) -> None:
+        super().__init__(result.status.value)
+        self.result = result
 
 
 @dataclass(frozen=True)
@@ -178,24 +202,23 @@ class Tick:
 
     def check(self, status: SettleStatus) -> None:
         if status is not SettleStatus.DEFERRED:
-            raise Refused(status)
+            raise Refused(TickResult(self.schedule, self.due_at, self.next_at, status, None))
 
     def done(self, work: CreateResult) -> TickResult:
         return TickResult(self.schedule, self.due_at, self.next_at, SettleStatus.DEFERRED, work)
-
-    def refused(self, refused: Refused) -> TickResult:
-        return TickResult(self.schedule, self.due_at, self.next_at, refused.status, None)
 
 
 def tick(driver: ReceivedMessage[Any], now: datetime, queue: str) -> Tick:
     """The tick a driver received from ``queue`` stands for. Ticks missed while no
     worker ran are not replayed: the next one is the schedule's first tick after
-    ``now``."""
+    ``now`` (the queues pass the database's clock)."""
     due_at = driver.dequeue_at
     try:
         sched = Schedule.decode(driver.raw)
         next_at = sched.next_after(due_at, now)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # what bad JSON raises
+    # What bad JSON raises, or a schedule this version refuses; OverflowError: a time
+    # or an interval past what datetime and timedelta hold.
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
         raise Unreadable(f"message {driver.id} is not a schedule: {type(exc).__name__}: {exc}") \
             from exc
     # Keyed by tick, so the same tick never has two work messages pending at once. The

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
 import psycopg
@@ -275,17 +275,20 @@ class Queue(Generic[T]):
                       conn: Connection | None = None) -> periodic.TickResult:
         """Runs one tick of a periodic driver (a message of channel ``fairq.periodic`` of
         this queue, which workers hand here): creates the tick's work in this queue and
-        defers the driver to its next tick after ``now`` (default: this host's clock),
-        atomically. If the driver was not ours any more (its lock lapsed), nothing
-        changes: the result's ``work`` is None and its ``status`` says why."""
-        tick = periodic.tick(driver, now or datetime.now(timezone.utc), self.name)
+        defers the driver to its next tick after ``now`` (default: the database's clock,
+        read in the tick's transaction), atomically. If the driver was not ours any more
+        (its lock lapsed), nothing changes: the result's ``work`` is None and its
+        ``status`` says why."""
         try:
             with self._atomic(conn) as tx:
+                if now is None:
+                    now = self._run(_sql.clock(), tx)
+                tick = periodic.tick(driver, now, self.name)
                 work = self._run(tick.work, tx)
                 tick.check(self._run(tick.reschedule, tx))
+                return tick.done(work)
         except periodic.Refused as refused:
-            return tick.refused(refused)
-        return tick.done(work)
+            return refused.result
 
     @contextmanager
     def _atomic(self, conn: Connection | None) -> Iterator[Connection]:
