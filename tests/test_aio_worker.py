@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -410,6 +411,265 @@ def test_a_second_cancellation_of_run_does_not_cut_the_hand_back_short(hdsn: str
             assert handler.cancelled.is_set()
             [msg] = await queue.dequeue(timedelta(seconds=30))  # back now, not in 5 min
             assert (msg.id, msg.num_attempts) == (sent.id, 2)
+    asyncio.run(scenario())
+
+
+def test_a_second_cancellation_as_the_dequeue_is_answered_does_not_cut_its_hand_back_short(
+        hdsn: str) -> None:
+    """run() cancelled once the server has answered its dequeue, then again while the
+    messages are being handed back: 0.7.36 let the second cancellation interrupt the
+    hand-back, and the messages stayed locked until their lock lapsed. The dequeue is
+    held on a table lock as above, and the hand-back on the channel's row until the
+    second cancellation has been delivered."""
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send_many([NewMessage("t", b"job") for _ in range(3)])
+            handled: list[int] = []
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                handled.append(message.id)
+
+            with psycopg.connect(hdsn) as locker, psycopg.connect(hdsn) as row_locker, \
+                    psycopg.connect(hdsn, autocommit=True) as watch:
+                locker.execute("LOCK TABLE fairq.message IN ACCESS EXCLUSIVE MODE")
+                worker = AsyncWorker(queue, handler, concurrency=3, lock=timedelta(minutes=5),
+                                     listen=False)
+                task = asyncio.create_task(worker.run())
+                await until(lambda: _waits_on_lock(watch, "message_dequeue"))
+                locker.commit()
+                deadline = time.monotonic() + TIMEOUT
+                while watch.execute("SELECT count(*) FROM fairq.message"
+                                    " WHERE status = 'locked'").fetchone() != (3,):
+                    assert time.monotonic() < deadline
+                    time.sleep(0.001)  # (not asyncio.sleep: the worker must not run)
+                row_locker.execute("SELECT FROM fairq.channel WHERE name = 't' FOR UPDATE")
+                task.cancel()
+                await until(lambda: _waits_on_lock(watch, "message_defer"))
+                task.cancel()
+                for _ in range(10):
+                    await asyncio.sleep(0)  # the second cancellation reaches run()
+                row_locker.commit()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(task, 30)
+            assert handled == []
+            back = await queue.dequeue(timedelta(seconds=30), 10)  # now, not in 5 min
+            assert sorted((m.id, m.num_attempts) for m in back) == [(r.id, 2) for r in sent]
+            assert await queue.dead_letters() == []
+    asyncio.run(scenario())
+
+
+def _waits_on_lock(watch: psycopg.Connection[Any], function: str) -> bool:
+    row = watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE %s", (f"%{function}%",)).fetchone()
+    return row == (1,)
+
+
+def test_cancelling_run_while_its_dequeue_waits_for_a_connection_is_prompt(dsn: str) -> None:
+    """0.7.36 shielded the wait for the pool's connection from run()'s cancellation: it
+    ended only when a connection came or ConnectionWait.LIMIT (30 s) was over; stop()
+    ended it within ConnectionWait.SLICE."""
+    async def scenario() -> None:
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False)
+        await pool.open()
+        task: asyncio.Task[None] | None = None
+        try:
+            queue = AsyncQueue(pool)
+            sent = await queue.send("t", b"job")
+            async with queue.connection():  # the pool's only connection is busy
+                worker = AsyncWorker(queue, Endless(), listen=False)
+                task = asyncio.create_task(worker.run())
+                await until(lambda: pool.get_stats().get("requests_waiting"), timeout=10)
+                task.cancel()
+                await asyncio.wait({task}, timeout=5)
+                assert task.done(), "the cancellation waits for the pool"
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # Nothing was taken: the message is there for the next dequeue, first attempt.
+            [msg] = await queue.dequeue(timedelta(seconds=30))
+            assert (msg.id, msg.num_attempts) == (sent.id, 1)
+        finally:
+            await pool.close()
+            if task is not None:
+                await asyncio.wait({task}, timeout=30)
+    asyncio.run(scenario())
+
+
+def test_a_handler_task_cancelled_from_outside_is_handed_back_not_failed(hdsn: str) -> None:
+    """A handler's task cancelled by someone else than the worker (asyncio.run cancels
+    every task left when its coroutine returns): 0.7.36 took it for the handler's
+    failure, deferred with back-off or, here on the last allowed attempt,
+    dead-lettered as "CancelledError". It is handed back, due now, its attempt
+    counted; the worker, still running, takes it again."""
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send_many([NewMessage(f"t{i}", b"job") for i in range(3)])
+            first: set[int] = set()
+            attempts: list[tuple[int, int]] = []
+            cancelled = 0
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                nonlocal cancelled
+                attempts.append((message.id, message.num_attempts))
+                if message.num_attempts == 1:
+                    first.add(message.id)
+                    try:
+                        await asyncio.sleep(3600)
+                    except asyncio.CancelledError:
+                        cancelled += 1
+                        raise
+
+            worker = AsyncWorker(queue, handler, concurrency=3, max_attempts=1,
+                                 lock=timedelta(minutes=5), **FAST)
+            async with running(worker):
+                await until(lambda: len(first) == 3)
+                for task in asyncio.all_tasks():
+                    if task.get_name().startswith("fairq-message-"):
+                        task.cancel()
+                await until(lambda: _settled(hdsn, 3))
+            assert cancelled == 3
+            assert await queue.dead_letters() == []
+            assert sorted(await completions(hdsn)) == sorted((r.id, 2) for r in sent)
+            assert sorted(attempts) == sorted((r.id, n) for r in sent for n in (1, 2))
+    asyncio.run(scenario())
+
+
+async def _settled(dsn: str, n: int) -> bool:
+    """Whether ``n`` messages are done with: completed or dead-lettered."""
+    [(count,)] = await fetch(dsn, "SELECT (SELECT count(*) FROM fairq.message_history"
+                                  " WHERE outcome = 'completed')"
+                                  " + (SELECT count(*) FROM fairq.dead_letter)")
+    return int(count) == n
+
+
+def test_run_and_its_handlers_cancelled_at_once_hand_each_message_back_once(
+        hdsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """As asyncio.run's shutdown does: run() and the handlers' tasks cancelled
+    together. Each message is handed back once, by run() or by its own task, and none
+    is failed."""
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send_many([NewMessage(f"t{i}", b"job") for i in range(3)])
+            handlers = [Endless() for _ in range(3)]
+            started = iter(handlers)
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                await next(started)(message)
+
+            worker = AsyncWorker(queue, handler, concurrency=3, max_attempts=1,
+                                 lock=timedelta(minutes=5), **FAST)
+            task = asyncio.create_task(worker.run())
+            await until(lambda: all(h.started.is_set() for h in handlers))
+            tasks = [task, *(t for t in asyncio.all_tasks()
+                             if t.get_name().startswith("fairq-message-"))]
+            assert len(tasks) == 4
+            for t in tasks:
+                t.cancel()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+            assert all(h.cancelled.is_set() for h in handlers)
+            back = await queue.dequeue(timedelta(seconds=30), 10)  # now, not in 5 min
+            assert sorted((m.id, m.num_attempts) for m in back) == [(r.id, 2) for r in sent]
+            assert await queue.dead_letters() == []
+    with caplog.at_level(logging.WARNING, logger="fairq.worker"):
+        asyncio.run(scenario())
+    assert caplog.text.count("handed back as the worker stops (deferred)") == 3, caplog.text
+    assert "stale" not in caplog.text
+
+
+def test_a_handler_raising_a_base_exception_fails_its_message(hdsn: str) -> None:
+    """A BaseException that is neither an Exception nor one the worker knows
+    (CancelledError, SystemExit, KeyboardInterrupt): Worker fails the message, 0.7.36's
+    AsyncWorker let it end the task unsettled, locked until its lock lapsed."""
+    class Abort(BaseException):
+        pass
+
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send("t", b"job")
+            raised = asyncio.Event()
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                raised.set()
+                raise Abort("boom")
+
+            worker = AsyncWorker(queue, handler, max_attempts=1, lock=timedelta(minutes=5),
+                                 **FAST)
+            async with running(worker):
+                await asyncio.wait_for(raised.wait(), TIMEOUT)
+                await until(lambda: not worker._running)  # settled, or given up
+            assert [(d.id, d.error) for d in await queue.dead_letters()] == [
+                (sent.id, "Abort: boom")]
+            assert await queue.dequeue(timedelta(seconds=30)) == []
+    asyncio.run(scenario())
+
+
+def test_a_plain_function_handler_completes_and_is_reported_once(
+        hdsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A handler without `async`: its body runs and returns, and 0.7.36 then failed on
+    awaiting its None, retried it (running it again) and dead-lettered it."""
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send_many([NewMessage(f"t{i}", b"job") for i in range(2)])
+            runs: list[tuple[int, int]] = []
+
+            def handler(message: AsyncMessage[bytes]) -> None:
+                runs.append((message.id, message.num_attempts))
+
+            backoff = Backoff(base=timedelta(milliseconds=10), cap=timedelta(milliseconds=20))
+            worker = AsyncWorker(queue, handler, max_attempts=3,  # type: ignore[arg-type]
+                                 backoff=backoff, **FAST)
+            async with running(worker):
+                await until(lambda: _settled(hdsn, 2))
+            assert sorted(runs) == sorted((r.id, 1) for r in sent)
+            assert sorted(await completions(hdsn)) == sorted((r.id, 1) for r in sent)
+            assert await queue.dead_letters() == []
+    with caplog.at_level(logging.ERROR, logger="fairq.worker"):
+        asyncio.run(scenario())
+    assert caplog.text.count("is not async") == 1, caplog.text
+
+
+def test_sigterm_stops_every_worker_of_the_loop_and_the_handlers_are_put_back(
+        hdsn: str) -> None:
+    """Two AsyncWorkers in one loop of the main thread: each installed its own handler,
+    the loop keeps one per signal, so 0.7.36's SIGTERM stopped only the worker started
+    last, and once that one returned the signals were ignored (asyncio's no-op handler
+    was put back). The test sends itself SIGTERM only while a Python handler is there."""
+    async def scenario() -> None:
+        before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        async def handler(message: AsyncMessage[bytes]) -> None:
+            pass
+
+        async def sigterm() -> None:
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        async with AsyncQueue(hdsn, name="q1") as q1, AsyncQueue(hdsn, name="q2") as q2:
+            workers = [AsyncWorker(q, handler, listen=False) for q in (q1, q2)]
+            tasks: list[asyncio.Task[None]] = []
+            try:
+                # Both running: one SIGTERM stops both.
+                tasks = [asyncio.create_task(w.run()) for w in workers]
+                await until(lambda: signal.getsignal(signal.SIGTERM) != before[signal.SIGTERM])
+                await asyncio.sleep(0)  # both have joined
+                await sigterm()
+                await asyncio.wait(tasks, timeout=10)
+                assert [t.done() for t in tasks] == [True, True]
+                assert {sig: signal.getsignal(sig) for sig in before} == before
+                # The worker started last returns first: SIGTERM still stops the other.
+                tasks = [asyncio.create_task(w.run()) for w in workers]
+                await until(lambda: signal.getsignal(signal.SIGTERM) != before[signal.SIGTERM])
+                await asyncio.sleep(0)
+                workers[1].stop()
+                await asyncio.wait_for(tasks[1], 10)
+                await sigterm()
+                await asyncio.wait(tasks, timeout=10)
+                assert tasks[0].done(), "SIGTERM ignored once the other worker returned"
+                assert {sig: signal.getsignal(sig) for sig in before} == before
+            finally:
+                for worker in workers:
+                    worker.stop()
+                await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
     asyncio.run(scenario())
 
 

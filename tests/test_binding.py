@@ -324,6 +324,39 @@ def test_a_call_without_conn_inside_a_transaction_on_a_shared_connection_joins_i
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
+def test_an_async_dequeue_cancelled_after_the_server_answered_hands_its_messages_back(
+        dsn: str) -> None:
+    """A dequeue under asyncio.timeout (or wait_for, or a cancelled task) whose answer
+    arrives after the cancellation: psycopg reads the committed answer and raises
+    anyway, and 0.7.36 left the messages locked for the whole lock with nobody to
+    handle them. The dequeue is held on a table lock until it waits for it; from the
+    lock's release to the cancellation the test never yields, so the dequeue cannot
+    read its answer first."""
+    async def scenario() -> None:
+        async with AsyncQueue(dsn) as queue:
+            sent = await queue.send_many([NewMessage("c", b"x") for _ in range(3)])
+            with psycopg.connect(dsn) as locker, psycopg.connect(dsn, autocommit=True) as watch:
+                locker.execute("LOCK TABLE fairq.message IN ACCESS EXCLUSIVE MODE")
+                call = asyncio.create_task(queue.dequeue(timedelta(minutes=5), 10))
+                deadline = time.monotonic() + 30
+                while watch.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE '%%message_dequeue%%'").fetchone() != (1,):
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.01)
+                locker.commit()
+                while watch.execute("SELECT count(*) FROM fairq.message"
+                                    " WHERE status = 'locked'").fetchone() != (3,):
+                    assert time.monotonic() < deadline
+                    time.sleep(0.001)  # (not asyncio.sleep: the dequeue must not run)
+                call.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(call, 30)
+            back = await queue.dequeue(LOCK, 10)  # now, not in 5 minutes
+            assert sorted((m.id, m.num_attempts) for m in back) == [(r.id, 2) for r in sent]
+    asyncio.run(scenario())
+
+
 def _drop_sessions(dsn: str) -> None:
     """Ends every other session of the test's database, as a server restart would."""
     others = ("SELECT pid FROM pg_stat_activity"

@@ -50,7 +50,9 @@ __all__ = [
     "report_hand_backs_given_up",
     "report_heartbeat",
     "report_heartbeat_held",
+    "report_not_async",
     "report_settlement",
+    "report_task_cancelled",
     "report_tick",
     "stops_worker",
     "wakes",
@@ -353,6 +355,23 @@ def refuse_awaitable(result: object) -> None:
     if inspect.iscoroutine(result):
         result.close()  # never awaited: no RuntimeWarning at garbage collection
     raise TypeError("the handler returned an awaitable: an async handler needs AsyncWorker")
+
+
+def report_not_async(handler: object) -> None:
+    """The reverse mistake: an AsyncWorker's handler that returned something not
+    awaitable is a plain function, and its body has run and returned. Its message is
+    completed, as Worker would (0.7.36 awaited the result: a TypeError after the work
+    was done, retried and dead-lettered, its side effects repeated each time). Logged
+    once per worker: such a handler holds up the event loop, every other handler and
+    the heartbeats, while it runs."""
+    log.error("the handler %r is not async: its messages complete, but it blocks the event"
+              " loop (other handlers, heartbeats) while it runs; make it `async def` (with"
+              " `asyncio.to_thread` for blocking work) or give it to Worker", handler)
+
+
+def report_task_cancelled(message: ReceivedMessage[Any]) -> None:
+    log.warning("message %s: its handler's task was cancelled from outside the worker;"
+                " handing it back", message.id)
 
 
 @dataclass(frozen=True)

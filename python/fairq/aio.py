@@ -6,6 +6,7 @@ It sends exactly the statements of ``fairq._sql``; only the execution differs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -234,8 +235,38 @@ class AsyncQueue(Generic[T]):
 
     async def dequeue(self, lock: timedelta, max_messages: int = 1, *,
                       conn: AsyncConnection | None = None) -> list[AsyncMessage[T]]:
-        rows = await self._run(_sql.dequeue(lock, max_messages, queue=self.name), conn)
+        """Up to ``max_messages`` messages, each locked for ``lock``; [] when none is due.
+
+        A cancellation (``asyncio.timeout``, ``wait_for``, a cancelled task) that arrives
+        once the statement is sent waits for its answer, hands back what it brought
+        (each message deferred to now, on the same connection) and is then re-raised:
+        psycopg reads a committed answer before it raises, and those messages stayed
+        locked for ``lock`` with nobody to handle them. Further cancellations meanwhile
+        do not cut that short. Waiting for a pool's connection is cancelled at once."""
+        call = _sql.dequeue(lock, max_messages, queue=self.name)
+        if conn is not None:
+            return await self._dequeue_on(call, conn)
+        async with self.connection() as own:
+            return await self._dequeue_on(call, own)
+
+    async def _dequeue_on(self, call: _sql.Call[list[_sql.Row]],
+                          conn: AsyncConnection) -> list[AsyncMessage[T]]:
+        answer = asyncio.ensure_future(self._run(call, conn))
+        try:
+            rows = await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            await finish(asyncio.ensure_future(self._hand_back(answer, conn)))
+            raise
         return [AsyncMessage(*row, codec=self.codec, queue=self) for row in rows]
+
+    async def _hand_back(self, answer: asyncio.Future[list[_sql.Row]],
+                         conn: AsyncConnection) -> None:
+        """What a cancelled dequeue's answer brought, deferred to now with each message's
+        token (its attempt counted, as a worker's hand-back). A statement that fails
+        leaves the rest to their locks: the connection is likely gone."""
+        with contextlib.suppress(psycopg.Error):
+            for row in await answer:
+                await self.defer(AsyncMessage(*row, codec=self.codec, queue=self), conn=conn)
 
     async def complete(self, message: ReceivedMessage[T], *,
                        conn: AsyncConnection | None = None) -> SettleStatus:
@@ -316,3 +347,15 @@ class AsyncQueue(Generic[T]):
     async def history_prune(self, before: datetime, *,
                             conn: AsyncConnection | None = None) -> int:
         return await self._run(_sql.history_prune(before), conn)
+
+
+async def finish(task: asyncio.Future[Any]) -> None:
+    """Awaits ``task`` to its end, whatever cancellations of the caller arrive meanwhile
+    (its exception, if any, is raised). For the work a cancellation itself starts (a
+    hand-back): a second one (a shutdown, then its timeout) cut it short, leaving
+    messages locked until their lock lapsed. The caller re-raises its first
+    cancellation afterwards."""
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+    task.result()

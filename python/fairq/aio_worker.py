@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import signal
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -27,7 +29,7 @@ from psycopg_pool import PoolTimeout
 from fairq import _sql, _timestamps, _work, periodic
 from fairq._source import with_connection_defaults
 from fairq._work import Backoff, Settlement
-from fairq.aio import AsyncQueue
+from fairq.aio import AsyncQueue, finish
 from fairq.types import AsyncMessage, SettleStatus
 
 __all__ = ["AsyncWorker"]
@@ -74,9 +76,11 @@ class AsyncWorker(Generic[T]):
         self._wake = asyncio.Event()
         # by _work.delivery
         self._running: dict[tuple[int, int], tuple[AsyncMessage[T], asyncio.Task[None]]] = {}
-        # The deliveries whose tasks _drain cancels: a CancelledError from any other
-        # handler is the handler's own failure.
+        # The deliveries handed back by the worker (by _drain, whose tasks it cancels,
+        # or by _process, whose task was cancelled from outside): a CancelledError from
+        # any other handler is the handler's own failure.
         self._handed_back: set[tuple[int, int]] = set()
+        self._reported_not_async = False  # _work.report_not_async: once per worker
 
     # -- control --------------------------------------------------------------------
 
@@ -103,7 +107,7 @@ class AsyncWorker(Generic[T]):
         self._wake = asyncio.Event()
         if self._stopping:
             self._wake.set()
-        restore = self._install_signal_handlers(loop)
+        leave = _signals.join(loop, self)
         background = [asyncio.create_task(self._heartbeat_loop(), name="fairq-heartbeat")]
         if self.options.listen and self.queue.conninfo is None:
             log.warning("the queue's pool computes its conninfo: no LISTEN, polling only")
@@ -119,19 +123,14 @@ class AsyncWorker(Generic[T]):
             # cancellation (a shutdown, then its timeout) does not cut that short: it
             # would leave messages locked and handlers running after run() is gone.
             # The hand-back costs a statement per message.
-            drain = asyncio.ensure_future(self._drain(timedelta(0)))
-            while not drain.done():
-                try:
-                    await asyncio.shield(drain)
-                except asyncio.CancelledError:
-                    continue
+            await finish(asyncio.ensure_future(self._drain(timedelta(0))))
             raise
         finally:
             # When run() returns, the worker holds no connection of its own any more.
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            restore()
+            leave()
             self._loop = None
             if self._doorbell_conn is not None:
                 await self._doorbell_conn.close()  # lets go of the doorbell
@@ -139,28 +138,6 @@ class AsyncWorker(Generic[T]):
             if self._doorbell is not None:
                 self._doorbell.lost()
             self._stopping = False  # (0.7.26 kept it: a second run() returned at once)
-
-    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-        installed: list[signal.Signals] = []
-        for sig in previous:
-            try:
-                loop.add_signal_handler(sig, self._on_signal, sig)
-            except (NotImplementedError, RuntimeError):  # a loop without signal support
-                continue
-            installed.append(sig)
-
-        def restore() -> None:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-                # remove_signal_handler() leaves the default disposition, not what was
-                # there before us (asyncio.run's own SIGINT handler, say).
-                before = previous[sig]
-                if before is not None:
-                    signal.signal(sig, before)
-        return restore
 
     def _on_signal(self, sig: signal.Signals) -> None:
         log.info("received %s: stopping", sig.name)
@@ -199,21 +176,13 @@ class AsyncWorker(Generic[T]):
                 await self._wait(self._wakeups.idle_timeout(datetime.now(timezone.utc)))
 
     async def _dequeue(self, free: int) -> list[AsyncMessage[T]]:
-        """The dequeue, shielded: a cancellation of run() that arrives once the server
-        may have answered (psycopg reads a committed answer before it raises) takes the
-        messages anyway and hands them back, instead of leaving them locked until their
-        lock expires."""
-        call = asyncio.ensure_future(self._dequeue_waiting(free))
-        try:
-            return await asyncio.shield(call)
-        except asyncio.CancelledError:
-            with contextlib.suppress(psycopg.Error):
-                await self._hand_back(await call)
-            raise
-
-    async def _dequeue_waiting(self, free: int) -> list[AsyncMessage[T]]:
         """A dequeue whose wait for a pooled connection looks every
-        ``ConnectionWait.SLICE`` whether the worker is stopping: then it takes nothing."""
+        ``ConnectionWait.SLICE`` whether the worker is stopping: then it takes nothing.
+        A cancellation of run() ends that wait at once (0.7.36 shielded it, and waited
+        up to ``ConnectionWait.LIMIT``); one that arrives once the statement is sent
+        is answered by ``AsyncQueue.dequeue``: it waits for the answer and hands its
+        messages back, however often run() is cancelled meanwhile (0.7.36 let a second
+        cancellation cut that short, and the messages stayed locked)."""
         wait = _work.ConnectionWait(time.monotonic())
         while True:
             try:
@@ -294,13 +263,26 @@ class AsyncWorker(Generic[T]):
                     settlement = _work.driver_not_ticked(message, exc, self.options)
             else:
                 try:
-                    await self.handler(message)
+                    result: object = self.handler(message)
+                    if inspect.isawaitable(result):
+                        await result
+                    elif not self._reported_not_async:
+                        self._reported_not_async = True
+                        _work.report_not_async(self.handler)
                 except asyncio.CancelledError as exc:
                     if _work.delivery(message) in self._handed_back:
                         raise  # ours: _drain handed the message back
+                    if _task_cancelled():
+                        # From outside (asyncio.run's shutdown cancels every task left,
+                        # a task group its tasks): not the handler's failure, and not
+                        # ours any more: back now rather than when its lock lapses.
+                        self._handed_back.add(_work.delivery(message))
+                        _work.report_task_cancelled(message)
+                        await finish(asyncio.ensure_future(self._hand_back([message])))
+                        raise
                     # The handler's own (it awaited something cancelled elsewhere).
                     settlement = _work.after_failure(message, exc, self.options)
-                except (Exception, *_work.STOPPING) as exc:
+                except BaseException as exc:  # as Worker: whatever a handler raises
                     settlement = _work.after_failure(message, exc, self.options)
                     stopping = _work.stops_worker(exc)
                 else:
@@ -314,6 +296,7 @@ class AsyncWorker(Generic[T]):
             log.exception("message %s: could not be settled", message.id)
         finally:
             self._running.pop(_work.delivery(message), None)
+            self._handed_back.discard(_work.delivery(message))
             self._wake.set()
 
     async def _heartbeat_loop(self) -> None:
@@ -342,12 +325,14 @@ class AsyncWorker(Generic[T]):
         if tasks and grace > timedelta(0):
             await asyncio.wait(tasks, timeout=grace.total_seconds())
         left = list(self._running.values())
-        self._handed_back.update(_work.delivery(message) for message, _ in left)
-        await self._hand_back([message for message, _ in left])
+        # (Not those _process hands back itself: its task was cancelled from outside.)
+        back = [message for message, _ in left
+                if _work.delivery(message) not in self._handed_back]
+        self._handed_back.update(_work.delivery(message) for message in back)
+        await self._hand_back(back)
         for _, task in left:
             task.cancel()
         await asyncio.gather(*(task for _, task in left), return_exceptions=True)
-        self._handed_back.clear()
 
     async def _hand_back(self, messages: list[AsyncMessage[T]]) -> None:
         """Each hand-back waits ``HAND_BACK_CONNECTION_WAIT`` at most for a connection,
@@ -365,6 +350,73 @@ class AsyncWorker(Generic[T]):
                               message.id)
                 continue
             _work.report_hand_back(message, status)
+
+
+class _SignalDispatch:
+    """SIGTERM and SIGINT for the AsyncWorkers that run in an event loop of the main
+    thread. A loop keeps one handler per signal: when each run() installed its own, a
+    signal stopped only the worker started last, and the first to return put back
+    what it had found (asyncio's no-op handler, installed by the other), so later
+    signals were ignored. One handler per loop and signal stops every worker running
+    there; the last to leave removes it and puts back what was there before (the
+    loop's removal leaves the default disposition, not asyncio.run's own SIGINT
+    handler, say). Used from the main thread only, like signals themselves."""
+
+    def __init__(self) -> None:
+        # Per loop and signal: the handler found before the first worker joined (None:
+        # one set outside Python, which cannot be put back), and the workers running.
+        self._joined: dict[tuple[asyncio.AbstractEventLoop, signal.Signals],
+                           tuple[Any, list[AsyncWorker[Any]]]] = {}
+
+    def join(self, loop: asyncio.AbstractEventLoop,
+             worker: AsyncWorker[Any]) -> Callable[[], None]:
+        """Has SIGTERM/SIGINT stop ``worker`` while it runs; returns what to call when
+        it returns."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        joined: list[tuple[asyncio.AbstractEventLoop, signal.Signals]] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            key = (loop, sig)
+            if key not in self._joined:
+                previous = signal.getsignal(sig)
+                try:
+                    loop.add_signal_handler(sig, self._received, key)
+                except (NotImplementedError, RuntimeError):  # a loop without signal support
+                    continue
+                self._joined[key] = (previous, [])
+            self._joined[key][1].append(worker)
+            joined.append(key)
+
+        def leave() -> None:
+            for key in joined:
+                previous, workers = self._joined[key]
+                workers.remove(worker)
+                if not workers:
+                    del self._joined[key]
+                    loop.remove_signal_handler(key[1])
+                    if previous is not None:
+                        signal.signal(key[1], previous)
+        return leave
+
+    def _received(self, key: tuple[asyncio.AbstractEventLoop, signal.Signals]) -> None:
+        # (A signal the loop had already queued when the last worker left finds none.)
+        _, workers = self._joined.get(key, (None, []))
+        for worker in list(workers):
+            worker._on_signal(key[1])
+
+
+_signals = _SignalDispatch()
+
+
+def _task_cancelled() -> bool:
+    """Whether the current task is being cancelled, as opposed to a CancelledError that
+    its code raised of itself (it awaited something cancelled elsewhere). Python 3.10
+    cannot tell (``Task.cancelling()`` is 3.11's): there every CancelledError the
+    worker did not cause counts as the handler's failure, as in 0.7.36."""
+    if sys.version_info >= (3, 11):
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+    return False
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -144,7 +144,8 @@ class Worker(Generic[T]):
 
         def restore() -> None:
             for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                if handler is not None:  # (one set outside Python cannot be put back)
+                    signal.signal(sig, handler)
         return restore
 
     # -- taking work ----------------------------------------------------------------
