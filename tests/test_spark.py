@@ -219,6 +219,11 @@ def test_dedup_keys_see_microseconds_and_no_session_time_zone(
 def test_bad_rows_fail_clearly(spark: Any, conn: psycopg.Connection[Any]) -> None:
     from fairq.spark import enqueue
 
+    # A binary channel was decoded with U+FFFD: b"\xff\x01" and b"\xfe\x01" were one.
+    binary = spark.createDataFrame([(bytearray(b"\xff\x01"), "x")], "c binary, b string")
+    with pytest.raises(TypeError, match="channel must be a string column"):
+        enqueue(binary, conn.info.dsn, channel="c", content="b")
+
     nulls = spark.createDataFrame([("c", None)], "c string, b string")
     with pytest.raises(Exception, match="content must not be NULL") as excinfo:
         enqueue(nulls, conn.info.dsn, channel="c", content="b")
@@ -261,6 +266,73 @@ def test_rows_fairq_refuses_are_left_out_and_counted_when_asked(
         enqueue(fine, conn.info.dsn, channel="tenant", content="body", invalid_rows="skip")
 
 
+@pytest.mark.parametrize("ansi", ["false", "true"])
+def test_values_a_cast_would_change_are_invalid_rows(
+        spark: Any, conn: psycopg.Connection[Any], ansi: str) -> None:
+    """Without ANSI casts a priority outside int's range wrapped (2**32 + 5 became 5)
+    and a dequeue_at that is no time became NULL (due now); with them the job failed,
+    whatever invalid_rows said. A time beyond Python's datetime (year 20000) crashed
+    the task with an OverflowError naming nothing. Each is now an invalid row."""
+    from pyspark.sql import functions as F
+
+    from fairq.spark import enqueue
+    from fairq.spark.messages import MAX_DEQUEUE_AT_US, MIN_DEQUEUE_AT_US
+
+    old = spark.conf.get("spark.sql.ansi.enabled")
+    spark.conf.set("spark.sql.ansi.enabled", ansi)
+    try:
+        rows = [("ok", 2**31 - 1, "2030-01-01 00:00:00"), ("low", -(2**31), None),
+                ("wrap", 2**32 + 5, None), ("under", -(2**31) - 1, None),
+                ("tuesday", None, "next tuesday")]
+        df = spark.createDataFrame(rows, "body string, pri long, run_at string")
+        result = enqueue(df, conn.info.dsn, channel=F.lit("t"), content="body", priority="pri",
+                         dequeue_at="run_at", invalid_rows="skip")
+        assert (result.created, result.invalid) == (2, 3)
+        assert sorted(conn.execute(
+            "SELECT convert_from(content, 'UTF8'), priority, dequeue_at > '2029-12-31'"
+            " FROM fairq.message")) == [("low", -(2**31), False), ("ok", 2**31 - 1, True)]
+        for i, reason in ((2, "priority 4294967301 is outside int's range"),
+                          (4, "dequeue_at is not a time: next tuesday")):
+            with pytest.raises(Exception, match=reason):
+                enqueue(df.where(F.col("body") == rows[i][0]), conn.info.dsn,
+                        channel=F.lit("t"), content="body", priority="pri", dequeue_at="run_at")
+        edges = spark.createDataFrame(
+            [(us,) for us in (MIN_DEQUEUE_AT_US - 1, MIN_DEQUEUE_AT_US, MAX_DEQUEUE_AT_US,
+                              MAX_DEQUEUE_AT_US + 1)], "us long")
+        times = edges.select(F.col("us").cast("string").alias("body"),
+                             F.timestamp_micros("us").alias("run_at"))
+        conn.execute("DELETE FROM fairq.message")
+        result = enqueue(times, conn.info.dsn, channel=F.lit("t"), content="body",
+                         dequeue_at="run_at", invalid_rows="skip")
+        assert (result.created, result.invalid) == (2, 2)
+        assert sorted(int(bytes(c)) for (c,) in conn.execute("SELECT content FROM fairq.message")
+                      ) == [MIN_DEQUEUE_AT_US, MAX_DEQUEUE_AT_US]
+        with pytest.raises(Exception, match="outside years 1 to 9999"):
+            enqueue(times, conn.info.dsn, channel=F.lit("t"), content="body", dequeue_at="run_at")
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", old)
+
+
+def test_json_does_not_follow_the_sessions_ignore_null_fields(spark: Any) -> None:
+    """spark.sql.jsonGenerator.ignoreNullFields gave a row with a NULL field another
+    dedup key and another JSON content."""
+    from pyspark.sql import functions as F
+
+    from fairq.spark import dedup_key_from
+    from fairq.spark.messages import JSON_OPTIONS
+
+    df = spark.createDataFrame([("acme", 7, None)], "tenant string, job long, note string")
+    seen = set()
+    try:
+        for flag in ("true", "false"):
+            spark.conf.set("spark.sql.jsonGenerator.ignoreNullFields", flag)
+            seen.add(tuple(df.select(dedup_key_from("tenant", "job", "note"),
+                                     F.to_json(F.struct("tenant", "note"), JSON_OPTIONS)).first()))
+    finally:
+        spark.conf.unset("spark.sql.jsonGenerator.ignoreNullFields")
+    assert len(seen) == 1, seen
+
+
 def test_the_limits_rows_are_checked_against_are_fairqs(conn: psycopg.Connection[Any]) -> None:
     """fairq.spark leaves out, before sending, exactly the rows the SQL refuses: at
     the edges of each limit, row_problem and message_create_batch agree."""
@@ -282,7 +354,7 @@ def test_the_limits_rows_are_checked_against_are_fairqs(conn: psycopg.Connection
             refused = False
         except psycopg.DataError:
             refused = True
-        assert (row_problem((channel, content, None, None, key)) is not None) == refused, (
+        assert (row_problem((channel, content, None, None, key, None)) is not None) == refused, (
             channel, content, key)
     queues = ("q" * MAX_NAME_BYTES, "q" * (MAX_NAME_BYTES + 1), "")
     for queue in queues if has_named_queues(conn) else ():  # (p_queue came with 0.7.0)
@@ -535,9 +607,12 @@ HISTORY = """(SELECT *, extract(epoch FROM first_dequeued_at - created_at)::floa
 
 FAIRNESS = """
 WITH h AS (SELECT * FROM fairq.message_history WHERE settled_at >= %(since)s),
+start AS (SELECT floor(extract(epoch FROM min(coalesce(first_dequeued_at, settled_at)))
+                       / %(w)s)::bigint AS start_k FROM h),
 waiting AS (
-    SELECT DISTINCT queue, channel, k FROM h,
-           generate_series(floor(extract(epoch FROM created_at) / %(w)s)::bigint,
+    SELECT DISTINCT queue, channel, k FROM h, start,
+           generate_series(greatest(floor(extract(epoch FROM created_at) / %(w)s)::bigint,
+                                    start_k),
                            floor(extract(epoch FROM coalesce(first_dequeued_at, settled_at))
                                  / %(w)s)::bigint) AS k),
 delivered AS (
@@ -676,3 +751,21 @@ def test_parse_since() -> None:
     assert parse_since("90m", now) == now - timedelta(minutes=90)
     assert parse_since("2030-01-01T05:00:00") == datetime(2030, 1, 1, 5, tzinfo=timezone.utc)
     assert parse_since("2030-01-01T05:00:00+02:00") == datetime(2030, 1, 1, 3, tzinfo=timezone.utc)
+
+
+def test_report_fairness_is_bounded_by_the_period(spark: Any) -> None:
+    """A message delayed 30 days made one row per minute of its wait: 43,201 windows
+    for one message (ten years at one-second windows exhausted the heap). Waiting
+    windows start at the history's first delivery, and a channel's waits are merged
+    before they are spread over windows."""
+    from fairq.report.queries import compute
+
+    t0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    first = t0 + timedelta(days=30)
+    rows = [(i, "default", "t", 0, t0, first, first + timedelta(seconds=1), 1, "completed")
+            for i in range(3)]
+    history = spark.createDataFrame(rows, "id long, queue string, channel string, priority int,"
+                                    " created_at timestamp, first_dequeued_at timestamp,"
+                                    " settled_at timestamp, num_attempts int, outcome string")
+    fairness = compute(history)["fairness"].collect()
+    assert [(r.channels, r.deliveries) for r in fairness] == [(1, 3)]

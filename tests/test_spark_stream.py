@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -120,6 +121,22 @@ def crash_when_parts_committed(conn: psycopg.Connection[Any], batch_id: int,
                  " FOR EACH ROW EXECUTE FUNCTION public.crash_batch()")
 
 
+def no_part_still_writing(conn: psycopg.Connection[Any]) -> None:
+    """Waits until no other session of the test's database is in a transaction: when a
+    task fails the job, a part of it may still be writing (its Python worker goes on
+    until it commits), and counting the committed parts before it ends counts one
+    too few. (60 s is a failure net: it ends within a second.)"""
+    for _ in range(600):
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                           " current_database() AND pid <> pg_backend_pid()"
+                           " AND backend_type = 'client backend'"
+                           " AND xact_start IS NOT NULL").fetchone()
+        if row == (0,):
+            return
+        time.sleep(0.1)
+    raise AssertionError("a part's transaction is still open after 60 s")
+
+
 def parts_committed(conn: psycopg.Connection[Any], batch_id: int) -> list[tuple[int, int]]:
     """(part, messages created) of the committed parts of ``batch_id``."""
     return conn.execute(f"SELECT part, created FROM {PROGRESS} WHERE batch_id = %s"
@@ -144,6 +161,7 @@ def test_a_query_killed_mid_batch_restarts_without_loss_or_duplicates(
     with pytest.raises(StreamingQueryException, match="injected crash in batch 1"):
         run_query(spark, source, checkpoint, make_sink(conn.info.dsn, partitions=4), before)
     assert [r.batch_id for r in before] == [0]
+    no_part_still_writing(conn)
     written = parts_committed(conn, 1)
     # Two slots run the four parts: the last to start finds two committed and fails.
     assert 2 <= len(written) < 4, written
@@ -364,3 +382,61 @@ def test_the_progress_table_in_the_docs_is_the_sinks() -> None:
     assert ddl is not None
     table = f"public.{stream.PROGRESS_TABLE}"
     assert ddl.group(1).split() == stream._CREATE_TABLE.format(table=table).split()
+
+
+# -- what a part's transaction meets ---------------------------------------------------
+
+
+def test_a_replay_under_other_session_settings_is_refused(
+        spark: Any, conn: psycopg.Connection[Any], in_query: Any) -> None:
+    """A naive dequeue_at is read in the session's time zone, and a row's part is a hash
+    of its fields: a replay under another zone put rows in other parts (22 lost, 21
+    duplicated of 120). The batch records the settings of its first attempt; a replay
+    with parts to write under others is refused, and one under the same writes the
+    rest."""
+    rows = [(n, f"tenant-{n % TENANTS}", f"2030-01-01 00:{n // 60:02d}:{n % 60:02d}")
+            for n in range(ROWS)]
+    df = spark.createDataFrame(rows, "n long, tenant string, run_at string").repartition(2)
+    sink = make_sink(conn.info.dsn, dequeue_at="run_at")
+    crash_when_parts_committed(conn, batch_id=0, committed=1)
+    with pytest.raises(Exception, match="injected crash in batch 0"):
+        sink.write_batch(df, 0)
+    no_part_still_writing(conn)
+    written = parts_committed(conn, 0)
+    assert 1 <= len(written) < 4, written
+    conn.execute("DROP TRIGGER crash_batch ON fairq.message")
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone",
+                   "America/New_York" if zone != "America/New_York" else "UTC")
+    try:
+        with pytest.raises(RuntimeError, match=r"spark\.sql\.session\.timeZone: '.*' -> '"):
+            sink.write_batch(df, 0)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    assert parts_committed(conn, 0) == written
+    replay = sink.write_batch(df, 0)
+    assert (replay.created, replay.skipped) == (ROWS, len(written))
+    assert lost_and_duplicated(conn, [], batches=1) == (0, 0)
+
+
+def test_a_missing_progress_table_its_role_may_not_create(
+        spark: Any, conn: psycopg.Connection[Any], in_query: Any, server: Any) -> None:
+    """A role without CREATE on the schema and no progress table: the error says so and
+    gives the statement that makes it (not a missing invalid column)."""
+    from fairq.spark.stream import _CREATE_TABLE
+
+    role = f"fairq_sink_{uuid.uuid4().hex[:12]}"
+    server.admin(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        conn.execute("SELECT fairq.grant_producer(%s::regrole)", [role])
+        dsn = psycopg.conninfo.make_conninfo(conn.info.dsn, user=role)
+        df = spark.createDataFrame([(1, "tenant-a")], "n long, tenant string")
+        for mode in ("fail", "skip"):
+            with pytest.raises(RuntimeError, match="does not exist, and this role may not"
+                               " create it") as excinfo:
+                make_sink(dsn, invalid_rows=mode).write_batch(df, 0)
+            assert " ".join(_CREATE_TABLE.format(table='"public"."fairq_spark_sink_progress"')
+                            .split()) in " ".join(str(excinfo.value).split())
+    finally:
+        conn.execute(f'DROP OWNED BY "{role}"')
+        server.admin(f'DROP ROLE "{role}"')

@@ -88,14 +88,38 @@ def _finish(df: DataFrame) -> DataFrame:
     return df.select(*keep, *extra)
 
 
+def _waiting(rows: DataFrame, window_us: int) -> DataFrame:
+    """(queue, channel, k): the windows in which the channel had a message waiting, from
+    the window of the first delivery in the history on (before it nothing was served:
+    a message scheduled years ahead made years of windows). A message waits from its
+    creation to its first dequeue (or its settling without one); each channel's
+    overlapping waits are merged before they are spread over windows, so the rows made
+    are the table's, not one per message and window."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    start = rows.agg(F.min(F.coalesce("f_us", "s_us")).alias("start_us"))
+    waits = rows.crossJoin(start).select(
+        *CHANNEL,
+        F.greatest(_window("c_us", window_us), _window("start_us", window_us)).alias("a"),
+        _window("coalesce(f_us, s_us)", window_us).alias("b")).where("a <= b")
+    earlier = (Window.partitionBy(*CHANNEL).orderBy("a", "b")
+               .rowsBetween(Window.unboundedPreceding, -1))
+    # A wait that starts after every earlier one of its channel ended starts an island
+    # of merged waits; the islands are numbered by a running count of such starts.
+    fresh = F.coalesce(F.col("a") > F.max("b").over(earlier), F.lit(True))
+    numbered = (waits.withColumn("fresh", fresh.cast("int"))
+                .withColumn("island", F.sum("fresh").over(earlier.rowsBetween(
+                    Window.unboundedPreceding, Window.currentRow))))
+    islands = numbered.groupBy(*CHANNEL, "island").agg(F.min("a").alias("a"),
+                                                        F.max("b").alias("b"))
+    return islands.select(*CHANNEL, F.explode(F.sequence("a", "b")).alias("k"))
+
+
 def _fairness(rows: DataFrame, window_us: int) -> DataFrame:
     from pyspark.sql import functions as F
 
-    waiting = rows.select(
-        *CHANNEL,
-        F.explode(F.sequence(_window("c_us", window_us),
-                             _window("coalesce(f_us, s_us)", window_us))).alias("k"),
-    ).distinct()
+    waiting = _waiting(rows, window_us)
     delivered = (rows.where(F.col("f_us").isNotNull())
                  .groupBy(*CHANNEL, _window("f_us", window_us).alias("k"))
                  .agg(F.count(F.lit(1)).alias("x")))

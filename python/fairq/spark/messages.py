@@ -58,8 +58,11 @@ def row_problem(row: Sequence[Any]) -> str | None:
     break them are what ``invalid_rows="skip"`` leaves out. A chunk is still sent in
     one call, with no savepoint (in a stream's part, savepoints that commit would
     each hold a subtransaction until the part commits, and past 64 of them every
-    snapshot on the server gets slower); whatever else the server refuses fails it."""
-    channel, content, _, _, dedup_key = row[:5]
+    snapshot on the server gets slower); whatever else the server refuses fails it.
+    The row's own ``problem`` (:func:`project`'s checks) comes first."""
+    channel, content, _, _, dedup_key, problem = row[:6]
+    if problem is not None:
+        return str(problem)
     problem = name_problem(channel)
     if problem is not None:
         return f"channel {problem}"
@@ -89,17 +92,28 @@ class Tally:
 
 
 #: The columns of :func:`project`'s rows, in order.
-MESSAGE_COLUMNS = ("channel", "content", "dequeue_at_us", "priority", "dedup_key")
+MESSAGE_COLUMNS = ("channel", "content", "dequeue_at_us", "priority", "dedup_key", "problem")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+#: The instants a writer can send, in epoch microseconds: Python's datetime holds years
+#: 1 to 9999 only, and Spark and PostgreSQL hold more (a task building a datetime of
+#: year 20000 died with an OverflowError that named no row).
+MIN_DEQUEUE_AT_US = (datetime.min.replace(tzinfo=timezone.utc) - _EPOCH) // _MICROSECOND
+MAX_DEQUEUE_AT_US = (datetime.max.replace(tzinfo=timezone.utc) - _EPOCH) // _MICROSECOND
+#: fairq's priorities are int4.
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
 
 #: How :func:`dedup_key_from` and JSON content write times: to the microsecond, in UTC,
 #: whatever the session's time zone (Spark's defaults stop at the millisecond and use
 #: the session's zone, so rows a microsecond apart got one key, and one row two keys
 #: in two zones).
+#: ``ignoreNullFields`` is pinned to Spark's default for the same reason: otherwise
+#: spark.sql.jsonGenerator.ignoreNullFields decides, and a session that set it gave
+#: a row with a NULL field another key and another content.
 JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
                 "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
-                "timeZone": "UTC"}
+                "timeZone": "UTC", "ignoreNullFields": "true"}
 
 
 def column(value: str | Column) -> Column:
@@ -131,7 +145,7 @@ def _content_bytes(df: DataFrame, content: str | Column) -> Column:
     from pyspark.sql import types as T
 
     value = column(content)
-    kind = df.select(value).schema.fields[0].dataType
+    kind = _kind(df, value)
     if isinstance(kind, T.BinaryType):
         return value
     if isinstance(kind, T.StringType):
@@ -142,42 +156,100 @@ def _content_bytes(df: DataFrame, content: str | Column) -> Column:
                     " (serialise it first, e.g. with to_json or cast('string'))")
 
 
-def _priority(df: DataFrame, priority: str | Column) -> Column:
-    """``priority`` as an int column: integral types only (a double's 1.9 was cast to 1
-    without a word; an out-of-range long fails the cast)."""
+def _kind(df: DataFrame, value: Column) -> Any:
+    return df.select(value).schema.fields[0].dataType
+
+
+def _channel(df: DataFrame, channel: str | Column) -> Column:
+    """``channel`` as a string column: text types only (a binary name that is not UTF-8
+    was decoded with U+FFFD, so two tenants' names became one channel; a struct
+    became its display string)."""
+    from pyspark.sql import types as T
+
+    value = column(channel)
+    kind = _kind(df, value)
+    if not isinstance(kind, (T.StringType, T.CharType, T.VarcharType, T.NullType)):
+        raise TypeError(f"channel must be a string column, not {kind}"
+                        " (decode or format it first)")
+    return value.cast("string")
+
+
+def _priority(df: DataFrame, priority: str | Column) -> tuple[Column, Column]:
+    """``priority`` as an int column, and the problem of a value outside int's range:
+    integral types only (a double's 1.9 was cast to 1 without a word). The range is
+    checked here, not by the cast: with spark.sql.ansi.enabled=false the cast wraps
+    (2**32 + 5 became 5)."""
+    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     value = column(priority)
-    kind = df.select(value).schema.fields[0].dataType
+    kind = _kind(df, value)
     if not isinstance(kind, (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.NullType)):
         raise TypeError(f"priority must be an integer column, not {kind}"
                         " (round or cast it first)")
-    return value.cast("int")
+    fits = value.between(MIN_PRIORITY, MAX_PRIORITY)
+    problem = F.when(~fits, F.concat(F.lit("priority "), value.cast("string"),
+                                     F.lit(" is outside int's range")))
+    return F.when(fits, value.cast("int")), problem
 
 
-def _micros(value: Column) -> Column:
-    """A point in time as microseconds since the epoch (timestamps carry their own
-    instant; other types are cast to timestamp in the session's time zone)."""
+def _timestamp(df: DataFrame, value: Column) -> Column:
+    """A point in time as a timestamp column, NULL where a string is not one, whatever
+    spark.sql.ansi.enabled says (the ANSI cast failed the task, the other gave NULL,
+    which is "now"). Naive times (strings, timestamp_ntz, dates) are in the session's
+    time zone."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    kind = _kind(df, value)
+    if isinstance(kind, T.TimestampType):
+        return value
+    if isinstance(kind, (T.TimestampNTZType, T.DateType, T.NullType)):
+        return value.cast(T.TimestampType())
+    if isinstance(kind, (T.StringType, T.CharType, T.VarcharType)):
+        # (Without a format, try_to_timestamp is the cast that gives NULL rather than
+        # failing; its type follows spark.sql.timestampType.)
+        return F.try_to_timestamp(value).cast(T.TimestampType())
+    raise TypeError(f"dequeue_at must be a timestamp, date or string column, not {kind}"
+                    " (for epoch numbers use timestamp_seconds or timestamp_millis)")
+
+
+def _dequeue_at(df: DataFrame, dequeue_at: str | Column) -> tuple[Column, Column]:
+    """``dequeue_at`` in epoch microseconds, and the problem of a value that is no time
+    or that a writer cannot send (:data:`MIN_DEQUEUE_AT_US`)."""
     from pyspark.sql import functions as F
 
-    return F.unix_micros(value.cast("timestamp"))
+    value = column(dequeue_at)
+    micros = F.unix_micros(_timestamp(df, value))
+    problem = (F.when(value.isNotNull() & micros.isNull(),
+                      F.concat(F.lit("dequeue_at is not a time: "), value.cast("string")))
+               .when(~micros.between(MIN_DEQUEUE_AT_US, MAX_DEQUEUE_AT_US),
+                     F.concat(F.lit("dequeue_at "), value.cast("string"),
+                              F.lit(" is outside years 1 to 9999, which the writers"
+                                    " (Python's datetime) cannot send"))))
+    return micros, problem
 
 
 def project(df: DataFrame, channel: str | Column, content: str | Column,
             dequeue_at: str | Column | None, priority: str | Column | None,
             dedup_key: str | Column | None) -> DataFrame:
     """The rows :func:`create_messages` sends, in :data:`MESSAGE_COLUMNS`: channel,
-    content bytes, dequeue_at in epoch microseconds, priority and dedup_key."""
+    content bytes, dequeue_at in epoch microseconds, priority, dedup_key, and why the
+    row is invalid when a field's value is not what it must be (else NULL)."""
     from pyspark.sql import functions as F
 
     none = F.lit(None)
+    dequeue_at_us, late = ((none.cast("long"), none) if dequeue_at is None
+                           else _dequeue_at(df, dequeue_at))
+    priority_int, out_of_range = ((none.cast("int"), none) if priority is None
+                                  else _priority(df, priority))
     return df.select(
-        column(channel).cast("string").alias("channel"),
+        _channel(df, channel).alias("channel"),
         _content_bytes(df, content).alias("content"),
-        (none.cast("long") if dequeue_at is None else _micros(column(dequeue_at)))
-        .alias("dequeue_at_us"),
-        (none.cast("int") if priority is None else _priority(df, priority)).alias("priority"),
+        dequeue_at_us.alias("dequeue_at_us"),
+        priority_int.alias("priority"),
         (none if dedup_key is None else column(dedup_key)).cast("string").alias("dedup_key"),
+        F.coalesce(late, out_of_range).cast("string").alias("problem"),
     )
 
 
@@ -237,7 +309,9 @@ def create_messages(conn: psycopg.Connection[Any], rows: Sequence[Sequence[Any]]
     content fails with SQLSTATE 22004, as the SQL would (the codec cannot carry it).
 
     With :attr:`InvalidRows.SKIP`, rows that :func:`row_problem` refuses are left out,
-    counted as ``invalid`` and logged, and the others sent."""
+    counted as ``invalid`` and logged, and the others sent. Otherwise a row with a
+    ``problem`` raises ValueError (the server cannot see it: the value it would get is
+    not the row's), and the server judges the rest."""
     if invalid_rows is InvalidRows.SKIP:
         valid = []
         for row in rows:
@@ -248,6 +322,9 @@ def create_messages(conn: psycopg.Connection[Any], rows: Sequence[Sequence[Any]]
                 log.warning("left out a row of channel %r: %s", row[0], problem)
         return (_create(conn, valid, queue) if valid else Tally()) + Tally(
             invalid=len(rows) - len(valid))
+    for row in rows:
+        if row[5] is not None:
+            raise ValueError(f"a row of channel {row[0]!r}: {row[5]}")
     return _create(conn, rows, queue)
 
 

@@ -18,18 +18,23 @@ What decides is a progress table written in the same transactions as the message
   messages exist if and only if its claim was committed, and a concurrent attempt at the
   same part (a retried, speculative or leftover task) waits for the claim and skips.
 * A replay skips the committed parts and writes the others; when all are committed it
-  runs no Spark job at all.
+  runs no Spark job at all. A row's fields, and so its part, may depend on session
+  settings (the time zone of a naive dequeue_at): the batch row records them, and a
+  replay that has parts to write under other settings is refused.
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from psycopg import errors, sql
+from psycopg.types.json import Jsonb
 
 from fairq.spark.messages import (
     DEFAULT_QUEUE,
@@ -43,11 +48,14 @@ from fairq.spark.messages import (
     require_named_queues,
     require_queue_name,
 )
+from fairq.spark.settings import session_settings, settings_changed
 
 if TYPE_CHECKING:
     import psycopg
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger("fairq.spark")
 
 #: The sink's bookkeeping table, created in the schema the sink is given.
 PROGRESS_TABLE = "fairq_spark_sink_progress"
@@ -75,12 +83,15 @@ CREATE TABLE IF NOT EXISTS {table} (
     duplicate  bigint      NOT NULL DEFAULT 0,
     dropped    bigint      NOT NULL DEFAULT 0,
     invalid    bigint      NOT NULL DEFAULT 0,
+    settings   jsonb,
     written_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (query_id, sink, batch_id, part)
 )"""
 
-# A table made before the sink counted invalid rows has no invalid column.
-_ADD_INVALID = "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS invalid bigint NOT NULL DEFAULT 0"
+# The columns newer than the table, which a table made before lacks: the rows a part
+# left out as invalid, and the session settings of a batch's first attempt.
+_ADDED_COLUMNS = {"invalid": "bigint NOT NULL DEFAULT 0", "settings": "jsonb"}
+_ADD_COLUMN = "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} "
 
 _TABLE_COMMENT = (
     "fairq.spark.QueueSink: the parts of each micro-batch written into the queue, each row"
@@ -117,22 +128,31 @@ def _table(schema: str) -> sql.Identifier:
     return sql.Identifier(schema, PROGRESS_TABLE)
 
 
+def _add_column(table: sql.Identifier, name: str) -> sql.Composed:
+    return sql.SQL(_ADD_COLUMN + _ADDED_COLUMNS[name]).format(table=table,
+                                                              column=sql.Identifier(name))
+
+
 def ensure_progress_table(conn: psycopg.Connection[Any], schema: str, *,
-                          need_invalid: bool = False) -> bool:
+                          need_invalid: bool = False) -> frozenset[str]:
     """Creates ``schema.fairq_spark_sink_progress`` unless it exists (a role without
     CREATE on the schema can use one made ahead of time with the same columns), and
-    returns whether it has the ``invalid`` column. A table made before the sink counted
-    invalid rows gets it where this role may add it; where not, a sink that leaves
-    invalid rows out (``need_invalid``) raises, and any other works as before."""
+    returns which of the columns newer than the table it has. A table made before gets
+    them where this role may add them; where not, a sink that leaves invalid rows out
+    (``need_invalid``) raises, and any other works as before (without ``settings`` it
+    cannot tell a replay under other session settings, and logs that)."""
     table = _table(schema)
     name = table.as_string(conn)
     found = conn.execute(
-        "SELECT to_regclass(%s) IS NOT NULL, EXISTS (SELECT FROM pg_attribute"
-        " WHERE attrelid = to_regclass(%s) AND attname = 'invalid' AND NOT attisdropped)",
-        [name, name]).fetchone()
-    exists, has_invalid = found if found else (False, False)
-    if exists and has_invalid:
-        return True
+        "SELECT to_regclass(%s) IS NOT NULL, coalesce(array_agg(attname::text)"
+        " FILTER (WHERE attname = ANY (%s)), '{}') FROM pg_attribute"
+        " WHERE attrelid = to_regclass(%s) AND NOT attisdropped",
+        [name, list(_ADDED_COLUMNS), name]).fetchone()
+    assert found is not None
+    exists, present = bool(found[0]), frozenset(found[1])
+    missing = [column for column in _ADDED_COLUMNS if column not in present]
+    if exists and not missing:
+        return present
     try:
         with conn.transaction():
             # CREATE TABLE IF NOT EXISTS still fails when another session creates the
@@ -144,15 +164,27 @@ def ensure_progress_table(conn: psycopg.Connection[Any], schema: str, *,
                 conn.execute(sql.SQL("COMMENT ON TABLE {table} IS {comment}").format(
                     table=table, comment=sql.Literal(_TABLE_COMMENT)))
             else:
-                conn.execute(sql.SQL(_ADD_INVALID).format(table=table))
-        return True
+                for column in missing:
+                    conn.execute(_add_column(table, column))
+        return frozenset(_ADDED_COLUMNS)
     except errors.InsufficientPrivilege as error:
-        if not exists or need_invalid:
+        if not exists:
+            raise RuntimeError(
+                f"the sink's progress table {name} does not exist, and this role may not"
+                " create it (it needs CREATE on the schema): have a role that may run "
+                + sql.SQL(_CREATE_TABLE).format(table=table).as_string(conn)
+                + " and grant SELECT, INSERT, UPDATE, DELETE on it to this one") from error
+        if need_invalid and "invalid" in missing:
             raise RuntimeError(
                 f"{name} has no invalid column, which a sink with invalid_rows=\"skip\""
                 " counts in, and this role may not add it: have the table's owner run "
-                + sql.SQL(_ADD_INVALID).format(table=table).as_string(conn)) from error
-        return False
+                + _add_column(table, "invalid").as_string(conn)) from error
+        if "settings" in missing:
+            log.warning("%s has no settings column and this role may not add it: a replay"
+                        " under other session settings cannot be refused (have the"
+                        " table's owner run %s)", name,
+                        _add_column(table, "settings").as_string(conn))
+        return present
 
 
 def _write_part(rows: Iterable[Any], *, dsn: str, schema: str, query_id: str, sink: str,
@@ -247,7 +279,7 @@ class QueueSink:
         self.invalid_rows = InvalidRows(invalid_rows)
         self.last_result: SinkBatchResult | None = None
         self._checked = False
-        self._has_invalid = False  # the progress table's invalid column
+        self._columns: frozenset[str] = frozenset()  # the progress table's added columns
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         """The foreachBatch function: :meth:`write_batch`."""
@@ -265,14 +297,24 @@ class QueueSink:
         with connect(self.dsn) as conn:
             if not self._checked:
                 require_named_queues(conn)
-                self._has_invalid = ensure_progress_table(
+                self._columns = ensure_progress_table(
                     conn, self.progress_schema,
                     need_invalid=self.invalid_rows is InvalidRows.SKIP)
                 self._checked = True
-            parts, committed = self._begin(
+            settings = session_settings(batch_df.sparkSession)
+            parts, committed, first = self._begin(
                 conn, query_id, batch_id,
-                self.partitions or batch_df.sparkSession.sparkContext.defaultParallelism)
+                self.partitions or batch_df.sparkSession.sparkContext.defaultParallelism,
+                settings)
             if committed < parts:
+                changed = None if first is None else settings_changed(first, settings)
+                if changed is not None:
+                    raise RuntimeError(
+                        f"batch {batch_id} of sink {self.name!r} (query {query_id}) was"
+                        f" first attempted under other session settings ({changed}):"
+                        " its rows' fields, and so the parts they fall into, could differ,"
+                        " and this replay would write some rows twice and others never."
+                        " Restart the query with the first attempt's settings")
                 self._write(batch_df, query_id, batch_id, parts)
             result = self._result(conn, query_id, batch_id, parts, committed)
         self.last_result = result
@@ -282,11 +324,18 @@ class QueueSink:
         return {"query_id": query_id, "sink": self.name, "batch_id": batch_id}
 
     def _begin(self, conn: psycopg.Connection[Any], query_id: str, batch_id: int,
-               parts: int) -> tuple[int, int]:
+               parts: int, settings: dict[str, str | None],
+               ) -> tuple[int, int, dict[str, str | None] | None]:
         """Records the batch (unless an earlier attempt did) and returns its number of
-        parts (the first attempt's) and how many of them are committed."""
+        parts and session settings (the first attempt's; None where not recorded) and
+        how many of its parts are committed."""
         table = _table(self.progress_schema)
-        key = {**self._key(query_id, batch_id), "parts": parts, "kept": _KEPT_BATCHES}
+        key = {**self._key(query_id, batch_id), "parts": parts, "kept": _KEPT_BATCHES,
+               "settings": Jsonb(settings)}
+        # (Only the batch row holds settings.)
+        settings_column, settings_value, settings_read = (
+            (", settings", ", %(settings)s", "max(settings::text)")
+            if "settings" in self._columns else ("", "", "NULL"))
         match = "query_id = %(query_id)s AND sink = %(sink)s"
         with conn.transaction():
             newest = conn.execute(sql.SQL(f"SELECT max(batch_id) FROM {{table}} WHERE {match}")
@@ -301,16 +350,17 @@ class QueueSink:
                                  " AND batch_id < %(batch_id)s - %(kept)s").format(table=table),
                          key)
             conn.execute(sql.SQL(
-                "INSERT INTO {table} (query_id, sink, batch_id, part, parts)"
-                f" VALUES (%(query_id)s, %(sink)s, %(batch_id)s, {_BATCH_ROW}, %(parts)s)"
-                " ON CONFLICT DO NOTHING").format(table=table), key)
+                f"INSERT INTO {{table}} (query_id, sink, batch_id, part, parts{settings_column})"
+                f" VALUES (%(query_id)s, %(sink)s, %(batch_id)s, {_BATCH_ROW}, %(parts)s"
+                f"{settings_value}) ON CONFLICT DO NOTHING").format(table=table), key)
             row = conn.execute(sql.SQL(
                 f"SELECT max(parts) FILTER (WHERE part = {_BATCH_ROW}),"
-                f" count(*) FILTER (WHERE part <> {_BATCH_ROW})"
+                f" count(*) FILTER (WHERE part <> {_BATCH_ROW}),"
+                f" {settings_read}"
                 f" FROM {{table}} WHERE {match} AND batch_id = %(batch_id)s").format(table=table),
                 key).fetchone()
         assert row is not None
-        return int(row[0]), int(row[1])
+        return int(row[0]), int(row[1]), None if row[2] is None else json.loads(row[2])
 
     def _write(self, batch_df: DataFrame, query_id: str, batch_id: int, parts: int) -> None:
         """Runs the Spark job that writes the batch's parts, one task each."""
@@ -328,11 +378,11 @@ class QueueSink:
              _write_part, dsn=self.dsn, schema=self.progress_schema, query_id=query_id,
              sink=self.name, batch_id=batch_id, parts=parts, queue=self.queue,
              batch_size=self.batch_size, invalid_rows=self.invalid_rows,
-             record_invalid=self._has_invalid)))
+             record_invalid="invalid" in self._columns)))
 
     def _result(self, conn: psycopg.Connection[Any], query_id: str, batch_id: int,
                 parts: int, skipped: int) -> SinkBatchResult:
-        invalid_sum = "coalesce(sum(invalid), 0)" if self._has_invalid else "0"
+        invalid_sum = "coalesce(sum(invalid), 0)" if "invalid" in self._columns else "0"
         row = conn.execute(sql.SQL(
             "SELECT count(*), coalesce(sum(created), 0), coalesce(sum(duplicate), 0),"
             f" coalesce(sum(dropped), 0), {invalid_sum}"
