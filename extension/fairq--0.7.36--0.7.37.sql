@@ -623,6 +623,9 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION fairq.revoke_observer(regrole) FROM PUBLIC;
 
+COMMENT ON FUNCTION fairq.channel_set(text, integer, bigint, integer, integer, integer, text) IS
+    'Upserts a channel''s policy: p_max_concurrency messages in flight at once, p_max_size messages held (in flight included), p_max_attempts deliveries before dead-lettering (NULL: unlimited), p_release_interval_ms minimum gap between fresh releases (0: none), p_weight (1-1000) its share of turns.';
+
 COMMENT ON FUNCTION fairq.revoke_producer(regrole) IS
     'Takes back what fairq.grant_producer gave the role (USAGE on the schema stays: another grant may need it).';
 

@@ -929,7 +929,7 @@ END
 $$;
 
 COMMENT ON FUNCTION fairq.channel_set(text, integer, bigint, integer, integer, integer, text) IS
-    'Upserts a channel''s policy. NULL means unlimited: p_max_concurrency messages in flight at once, p_release_interval_ms minimum gap between fresh releases, p_max_size messages held (in flight included), p_max_attempts deliveries before dead-lettering; p_weight (1-1000) is its share of turns.';
+    'Upserts a channel''s policy: p_max_concurrency messages in flight at once, p_max_size messages held (in flight included), p_max_attempts deliveries before dead-lettering (NULL: unlimited), p_release_interval_ms minimum gap between fresh releases (0: none), p_weight (1-1000) its share of turns.';
 COMMENT ON FUNCTION fairq.channel_clear(text, text) IS
     'Forgets a channel''s explicit policy and any pause (true if it had one); the channel reverts to no limits and disappears when empty.';
 COMMENT ON FUNCTION fairq.channel_pause(text, timestamptz, text) IS
