@@ -5,12 +5,185 @@
 -- for the functions this version adds (revoke_producer, revoke_worker, revoke_observer
 -- and their helpers), which the generated part revokes from PUBLIC as it creates them.
 
+CREATE OR REPLACE FUNCTION fairq.queue_paused(p_queue_id integer, p_now timestamptz) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce((SELECT q.paused_until > p_now FROM fairq.queue q WHERE q.id = p_queue_id), false)
+$$;
+REVOKE ALL ON FUNCTION fairq.queue_paused(integer, timestamptz) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION fairq.queue_resume(p_queue text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_was_paused boolean;
+BEGIN
+    UPDATE fairq.queue q SET paused_until = NULL
+      FROM (SELECT q.id, q.paused_until FROM fairq.queue q
+             WHERE q.name = fairq.require_channel_name(p_queue, 'p_queue') FOR UPDATE) old
+     WHERE q.id = old.id AND old.paused_until IS NOT NULL
+    RETURNING old.paused_until > fairq.clock() INTO v_was_paused;
+    -- Sleeping workers had no time to wake at while it was paused until resumed.
+    IF v_was_paused AND fairq.events_wanted(true) THEN
+        IF fairq.worker_may_sleep(p_queue) THEN
+            PERFORM fairq.notify_event('policy', q.id, NULL, NULL, NULL)
+               FROM fairq.queue q WHERE q.name = p_queue;
+        END IF;
+    END IF;
+    RETURN coalesce(v_was_paused, false);
+END
+$$;
+
 CREATE OR REPLACE FUNCTION fairq.events_per_queue() RETURNS integer
 LANGUAGE sql STABLE
 AS $$
     SELECT CASE fairq.events_setting() WHEN 'doorbell' THEN 1 END
 $$;
 REVOKE ALL ON FUNCTION fairq.events_per_queue() FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION fairq.channel_store_policy(p_channel fairq.channel, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_stored fairq.channel := fairq.channel_store(p_channel, p_now, false);
+BEGIN
+    IF v_stored.turn_at IS NOT NULL AND (p_channel.turn_at IS NULL OR v_stored.turn_at < p_channel.turn_at)
+       AND fairq.events_wanted(true) THEN
+        IF fairq.worker_sleeps(v_stored.queue_id) THEN
+            PERFORM fairq.notify_event('policy', v_stored.queue_id, v_stored.name, NULL, v_stored.turn_at);
+        END IF;
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION fairq.channel_store_policy(fairq.channel, timestamptz) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION fairq.channel_set(
+    p_channel text,
+    p_max_concurrency integer DEFAULT NULL,
+    p_release_interval_ms bigint DEFAULT 0,
+    p_max_size integer DEFAULT NULL,
+    p_max_attempts integer DEFAULT NULL,
+    p_weight integer DEFAULT 1,
+    p_queue text DEFAULT 'default'
+) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require_read_committed('fairq.channel_set'),
+            fairq.require_channel_name(p_channel, 'p_channel');
+    PERFORM fairq.require_limit(p_max_concurrency, 'p_max_concurrency');
+    PERFORM fairq.require_duration(p_release_interval_ms, 0, 'p_release_interval_ms');
+    PERFORM fairq.require_limit(p_max_size, 'p_max_size');
+    PERFORM fairq.require_limit(p_max_attempts, 'p_max_attempts');
+    PERFORM fairq.require_weight(p_weight, 'p_weight');
+    v_channel := fairq.channel_for_policy(fairq.queue_for_producer(p_queue, 'p_queue'), p_channel);
+
+    -- Completions of an uncapped channel do not lock its row but hold its policy
+    -- lock (shared), so the count of locked messages below is exact.
+    UPDATE fairq.channel
+       SET has_policy = true, max_concurrency = p_max_concurrency,
+           release_interval_ms = p_release_interval_ms, max_size = p_max_size,
+           max_attempts = p_max_attempts, weight = p_weight,
+           in_flight = CASE WHEN p_max_concurrency IS NULL THEN 0 ELSE
+                           (SELECT count(*) FROM fairq.message m
+                             WHERE m.channel_id = v_channel.id AND m.status = 'locked') END
+     WHERE id = v_channel.id
+    RETURNING * INTO v_channel;
+
+    IF p_max_size IS NULL THEN
+        DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
+        DELETE FROM fairq.channel_size_change WHERE channel_id = v_channel.id;
+    ELSE
+        INSERT INTO fairq.channel_size (channel_id, size)
+        SELECT v_channel.id, count(*) FROM fairq.message WHERE channel_id = v_channel.id
+        ON CONFLICT (channel_id) DO NOTHING;
+    END IF;
+    -- New limits apply from now: the turn is recomputed (a raised release interval
+    -- moves it later, a lowered one brings it to now; the channel joins the rotation
+    -- again at the back).
+    PERFORM fairq.channel_store_policy(v_channel, v_now);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fairq.channel_clear(p_channel text, p_queue text DEFAULT 'default') RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_queue_id integer;
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require_read_committed('fairq.channel_clear'),
+            fairq.require_channel_name(p_channel, 'p_channel');
+    v_queue_id := (fairq.queue_lookup(p_queue, 'p_queue')).id;
+    IF v_queue_id IS NULL OR NOT EXISTS (
+            SELECT 1 FROM fairq.channel c
+             WHERE c.queue_id = v_queue_id AND c.name = p_channel
+               AND (c.has_policy OR c.paused_until > v_now)) THEN
+        RETURN false;
+    END IF;
+    v_channel := fairq.channel_for_policy(v_queue_id, p_channel);
+    DELETE FROM fairq.channel_size WHERE channel_id = v_channel.id;
+    DELETE FROM fairq.channel_size_change WHERE channel_id = v_channel.id;
+    UPDATE fairq.channel
+       SET has_policy = false, max_concurrency = NULL, release_interval_ms = 0,
+           max_size = NULL, max_attempts = NULL, in_flight = 0, weight = 1, paused_until = NULL
+     WHERE id = v_channel.id
+    RETURNING * INTO v_channel;
+    PERFORM fairq.channel_store_policy(v_channel, v_now);
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fairq.channel_pause(p_channel text, p_until timestamptz DEFAULT 'infinity',
+                                    p_queue text DEFAULT 'default') RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require_read_committed('fairq.channel_pause'),
+            fairq.require_channel_name(p_channel, 'p_channel');
+    PERFORM fairq.require_future(p_until, v_now, 'p_until');
+    v_channel := fairq.channel_for_policy(fairq.queue_for_producer(p_queue, 'p_queue'), p_channel);
+    v_channel.paused_until := p_until;
+    UPDATE fairq.channel SET paused_until = p_until WHERE id = v_channel.id;
+    PERFORM fairq.channel_store_policy(v_channel, v_now);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fairq.channel_resume(p_channel text, p_queue text DEFAULT 'default') RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_queue_id integer;
+    v_channel fairq.channel;
+BEGIN
+    PERFORM fairq.require_read_committed('fairq.channel_resume'),
+            fairq.require_channel_name(p_channel, 'p_channel');
+    v_queue_id := (fairq.queue_lookup(p_queue, 'p_queue')).id;
+    IF v_queue_id IS NULL OR NOT EXISTS (
+            SELECT 1 FROM fairq.channel c
+             WHERE c.queue_id = v_queue_id AND c.name = p_channel AND c.paused_until > v_now) THEN
+        RETURN false;
+    END IF;
+    v_channel := fairq.channel_for_policy(v_queue_id, p_channel);
+    v_channel.paused_until := NULL;
+    UPDATE fairq.channel SET paused_until = NULL WHERE id = v_channel.id;
+    PERFORM fairq.channel_store_policy(v_channel, v_now);
+    RETURN true;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION fairq.message_create_batch(
     p_channels text[],
@@ -239,6 +412,334 @@ BEGIN
     END IF;
 
     RETURN QUERY SELECT g.i::integer, v_ids[g.i], v_statuses[g.i] FROM generate_series(1, v_count) AS g(i);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fairq.message_dequeue(p_lock_ms bigint, p_max_messages integer DEFAULT 1,
+                                      p_queue text DEFAULT 'default')
+RETURNS TABLE(id bigint, channel text, content bytea, state bytea, num_attempts bigint,
+              priority integer, dequeue_at timestamptz, recovered boolean)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := fairq.clock();
+    v_lock interval := fairq.ms(fairq.require_duration(p_lock_ms, 1, 'p_lock_ms'));
+    v_queue_id integer;
+    v_paused_until timestamptz;
+    v_expired boolean;  -- the queue's earliest lock has expired
+    v_joiners boolean;  -- fairq.join_rotation has channels to let join
+    v_join record;  -- what fairq.join_rotation did
+    v_first_id bigint;  -- a channel to serve first, not yet written into the rotation
+    v_first_pass bigint;  -- the pass it joins at
+    v_wait_until timestamptz;
+    v_picked bigint[];
+    v_picked_names text[];
+    v_latest_given timestamptz;  -- the latest turn_given_at of the channels picked
+    v_turn_ats timestamptz[];
+    v_passes bigint[];
+    v_weights integer[];
+    v_ids bigint[];
+    v_served bigint[];
+    v_served_names text[];
+    v_served_seqs bigint[];
+    v_visited bigint[] := '{}';
+    v_turn_seqs bigint[];
+    v_pos integer;
+    v_handed_out integer;  -- by a statement that locked one channel's head
+    v_count integer := 0;
+    v_holds_locks boolean := false;
+    v_clock_fresh boolean := false;  -- v_now was read after the last pick that found something
+    v_attempts_capped boolean;
+    v_woken boolean;  -- a picked channel may have wakes queued
+    v_scheduled_due boolean;  -- a picked channel may have scheduled messages come due
+    v_uneven boolean;  -- the round may end before the last channel picked
+    v_collect boolean;  -- the collector's turn was due when the call began
+    v_done boolean;  -- what the checks return (validate.sql)
+BEGIN
+    v_done := fairq.require_read_committed('fairq.message_dequeue')
+              AND fairq.require_at_least(p_max_messages, 1, 'p_max_messages') IS NOT NULL;
+    -- The queue, and three questions, in one statement (each statement costs):
+    --   * has its earliest lock expired (one probe of message_locked_ix)?
+    --   * would fairq.join_rotation find anything: a channel whose wait is over, or a
+    --     queued wake? On a busy queue every due channel is already in the rotation,
+    --     and two probes cost less than the call;
+    --   * is the collector's turn due (read without its lock, taken at the end)?
+    SELECT q.id, q.paused_until,
+           (SELECT m.id FROM fairq.message m
+             WHERE m.queue_id = q.id AND m.locked_until <= v_now
+             ORDER BY m.locked_until LIMIT 1) IS NOT NULL,
+           EXISTS (SELECT 1 FROM fairq.channel c
+                    WHERE c.queue_id = q.id
+                      AND c.turn_at > fairq.in_rotation() AND c.turn_at <= v_now)
+           OR EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.queue_id = q.id),
+           EXISTS (SELECT 1 FROM fairq.channel_collection k WHERE k.collected_at <= v_now - interval '1 s')
+      INTO v_queue_id, v_paused_until, v_expired, v_joiners, v_collect
+      FROM fairq.queue q WHERE q.name = p_queue;
+    IF NOT FOUND THEN
+        PERFORM fairq.require_channel_name(p_queue, 'p_queue');
+        RETURN;  -- nobody has named this queue yet: nothing in it
+    END IF;
+    -- Step 1. (A recovered message's channel may now wait to join; the call holds
+    -- the locks recovery took.)
+    IF v_expired AND fairq.recover_expired(v_queue_id, v_now, p_max_messages) > 0 THEN
+        v_holds_locks := true;
+        v_joiners := true;
+    END IF;
+    IF v_paused_until > v_now THEN
+        v_count := p_max_messages;  -- a paused queue hands nothing out
+    ELSIF v_joiners THEN
+        v_join := fairq.join_rotation(v_queue_id, v_now, p_max_messages, p_max_messages = 1);
+        v_holds_locks := v_join.took OR v_holds_locks;
+        v_first_id := v_join.first_id;
+        v_first_pass := v_join.first_pass;
+    END IF;
+
+    WHILE v_count < p_max_messages LOOP
+        IF v_first_id IS NOT NULL THEN
+            -- Step 2 for the channel fairq.join_rotation found first (this call holds it):
+            -- picked alone, where it joins.
+            v_picked := ARRAY[v_first_id];
+            v_picked_names := ARRAY[v_join.first_name];
+            v_attempts_capped := v_join.first_capped;
+            v_uneven := false;
+            v_turn_seqs := ARRAY[nextval('fairq.turn_seq')];
+            v_latest_given := NULL;
+            -- (Its wakes were spent as it joined: any queued since?)
+            v_woken := EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = v_first_id);
+            v_scheduled_due := true;
+        ELSE
+            -- Step 2. (The aggregates take the rows in the order the subquery gives them,
+            -- the rotation order: PostgreSQL's sorted-subquery idiom, without a sort of
+            -- their own.)
+            SELECT coalesce(array_agg(p.id), '{}'), coalesce(array_agg(p.name), '{}'),
+                   coalesce(bool_or(p.max_attempts IS NOT NULL), false),
+                   -- Only different weights, or a channel still waiting to join, can end a
+                   -- round early (fairq.round_length).
+                   count(*) > 1 AND (bool_or(p.turn_at <> fairq.in_rotation())
+                                     OR min(p.weight) <> max(p.weight)),
+                   -- The turn_seq of each picked channel, taken in pick order: served or
+                   -- not, each takes its next turn in the order n single dequeues would
+                   -- give it.
+                   coalesce(array_agg(nextval('fairq.turn_seq')), '{}'),
+                   max(p.turn_given_at),
+                   -- Whether steps 2 and 3 below have anything to do, asked here: two
+                   -- probes of an index cost less than the two statements. (A wake or a
+                   -- scheduled message committed after this snapshot is one committed a
+                   -- moment later: the next serve of the channel folds or promotes it.)
+                   coalesce(bool_or(EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = p.id)),
+                            false),
+                   coalesce(bool_or(EXISTS (SELECT 1 FROM fairq.message s
+                                             WHERE s.channel_id = p.id AND s.status = 'scheduled'
+                                               AND s.dequeue_at <= v_now)), false)
+              INTO v_picked, v_picked_names, v_attempts_capped, v_uneven, v_turn_seqs, v_latest_given,
+                   v_woken, v_scheduled_due
+              FROM (SELECT c.id, c.name, c.turn_at, c.turn_pass, c.turn_seq, c.weight, c.max_attempts,
+                           c.turn_given_at
+                      FROM fairq.channel c
+                     WHERE c.queue_id = v_queue_id AND c.turn_at <= v_now AND c.id <> ALL (v_visited)
+                     ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                     LIMIT p_max_messages - v_count
+                       FOR NO KEY UPDATE SKIP LOCKED) p;
+        END IF;
+        IF cardinality(v_picked) = 0 THEN
+            -- A call that read the clock after this one may have served a channel
+            -- meanwhile and given it its next turn at that later clock (so may a
+            -- completion that freed a slot): read the clock again and look once more
+            -- before answering "nothing available" or waiting.
+            IF NOT v_clock_fresh THEN
+                v_now := fairq.clock();
+                v_clock_fresh := true;
+                v_holds_locks := (fairq.join_rotation(v_queue_id, v_now, p_max_messages - v_count)).took
+                                 OR v_holds_locks;
+                CONTINUE;
+            END IF;
+            EXIT WHEN v_holds_locks;
+            -- How long, in all, a call waits for busy channels: the setting
+            -- fairq.dequeue_busy_wait (an interval, default 200 ms). Longer means a user
+            -- transaction holds the channel, and the answer is "nothing available".
+            v_wait_until := coalesce(v_wait_until, clock_timestamp()
+                + fairq.setting_duration('fairq.dequeue_busy_wait', interval '200 ms'));
+            EXIT WHEN NOT fairq.wait_for_release(v_queue_id, v_wait_until);
+            -- The call we waited for may have applied a wake, or left one free to apply,
+            -- and gave its channel a turn at its own clock. This call goes on with a new
+            -- clock: a channel that joins the rotation now is served at that clock, never
+            -- at the one read before the wait (a rate limit counts from the release).
+            -- A queue paused meanwhile hands nothing more out (until 0.7.37 a dequeue
+            -- that had waited for a busy channel served it after the pause committed).
+            v_now := fairq.clock();
+            EXIT WHEN fairq.queue_paused(v_queue_id, v_now);
+            v_holds_locks := (fairq.join_rotation(v_queue_id, v_now, p_max_messages - v_count)).took;
+            v_clock_fresh := false;
+            CONTINUE;
+        END IF;
+        -- A channel that another call gave its place after this one read its clock (at a
+        -- later clock: a rate-limited channel joins at the end of its interval) is
+        -- served at a clock no earlier than that place. The release is recorded at this
+        -- clock, and a rate limit counts from it: with the older clock, two releases
+        -- were recorded closer than release_interval_ms.
+        IF v_latest_given > v_now THEN
+            v_now := fairq.clock();
+            v_scheduled_due := true;  -- (asked at the older clock)
+        END IF;
+        v_clock_fresh := false;
+        v_holds_locks := true;
+        -- This round serves the channels that single dequeues would serve in a row;
+        -- the others stay locked by this call and are picked again.
+        IF v_uneven THEN
+            SELECT array_agg(c.turn_at ORDER BY p.pos), array_agg(c.turn_pass ORDER BY p.pos),
+                   array_agg(c.weight ORDER BY p.pos)
+              INTO v_turn_ats, v_passes, v_weights
+              FROM unnest(v_picked) WITH ORDINALITY AS p(id, pos)
+             CROSS JOIN LATERAL (SELECT k.turn_at, k.turn_pass, k.weight FROM fairq.channel k
+                                  WHERE k.id = p.id OFFSET 0) c;
+            v_pos := fairq.round_length(v_turn_ats, v_passes, v_weights);
+            v_picked := v_picked[1 : v_pos];
+            v_picked_names := v_picked_names[1 : v_pos];
+            v_turn_seqs := v_turn_seqs[1 : v_pos];
+        END IF;
+        -- Wakes still queued for the picked channels happened before this serve.
+        IF v_woken THEN
+            PERFORM fairq.fold_wakes(v_picked);
+        END IF;
+
+        -- Step 3.
+        IF v_scheduled_due THEN
+            UPDATE fairq.message m SET status = 'ready'
+             WHERE m.id = ANY (ARRAY(SELECT s.id FROM fairq.message s
+                                      WHERE s.channel_id = ANY (v_picked) AND s.status = 'scheduled'
+                                        AND s.dequeue_at <= v_now
+                                        FOR UPDATE SKIP LOCKED));  -- a message being cancelled stays put
+        END IF;
+        IF v_attempts_capped THEN
+            PERFORM fairq.bury_exhausted_heads(v_picked, v_now);
+        END IF;
+        -- Each picked channel's best ready message is locked and handed out, in pick
+        -- order. One channel (a single dequeue, or a round of one) takes one statement:
+        -- the two below, with their arrays, joins and sort, cost a tenth of a
+        -- one-message dequeue more.
+        IF cardinality(v_picked) = 1 THEN
+            RETURN QUERY
+                UPDATE fairq.message m
+                   SET status = 'locked', locked_until = v_now + v_lock,
+                       num_attempts = m.num_attempts + 1,
+                       first_dequeued_at = coalesce(m.first_dequeued_at, v_now)
+                 WHERE m.id = (SELECT s.id FROM fairq.message s
+                                WHERE s.channel_id = v_picked[1] AND s.status = 'ready'
+                                ORDER BY s.priority DESC, s.dequeue_at, s.id
+                                LIMIT 1
+                                  FOR UPDATE SKIP LOCKED)
+                RETURNING m.id, v_picked_names[1], m.content, m.state, m.num_attempts, m.priority,
+                          m.dequeue_at, m.recovered;
+            GET DIAGNOSTICS v_handed_out = ROW_COUNT;
+            v_served := v_picked[1 : v_handed_out];
+            v_served_names := v_picked_names[1 : v_handed_out];
+            v_served_seqs := v_turn_seqs[1 : v_handed_out];
+        ELSE
+            SELECT coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.channel_id), '{}'),
+                   coalesce(array_agg(x.name), '{}'), coalesce(array_agg(x.turn_seq), '{}')
+              INTO v_ids, v_served, v_served_names, v_served_seqs
+              FROM (SELECT h.id, p.channel_id, p.name, p.turn_seq
+                      FROM unnest(v_picked, v_picked_names, v_turn_seqs)
+                           WITH ORDINALITY AS p(channel_id, name, turn_seq, pos)
+                     CROSS JOIN LATERAL (
+                           SELECT m.id FROM fairq.message m
+                            WHERE m.channel_id = p.channel_id AND m.status = 'ready'
+                            ORDER BY m.priority DESC, m.dequeue_at, m.id
+                            LIMIT 1
+                              FOR UPDATE SKIP LOCKED) h
+                     ORDER BY p.pos) x;
+            -- (Joined to their positions, not looked up in the arrays: array_position per
+            -- row made a call of n messages cost n² comparisons.)
+            RETURN QUERY
+                WITH locked AS (
+                    UPDATE fairq.message m
+                       SET status = 'locked', locked_until = v_now + v_lock,
+                           num_attempts = m.num_attempts + 1,
+                           first_dequeued_at = coalesce(m.first_dequeued_at, v_now)
+                     WHERE m.id = ANY (v_ids)
+                    RETURNING m.id, m.content, m.state, m.num_attempts, m.priority, m.dequeue_at, m.recovered
+                )
+                SELECT l.id, s.name, l.content, l.state, l.num_attempts, l.priority, l.dequeue_at, l.recovered
+                  FROM locked l
+                  JOIN unnest(v_ids, v_served_names) WITH ORDINALITY AS s(id, name, pos) ON s.id = l.id
+                 ORDER BY s.pos;
+        END IF;
+
+        -- Step 4. Every served channel is written once (turns.sql: fairq.served_turn_at),
+        -- with the due time of its next pending message; those with nothing more due now
+        -- are looked at again under their settle locks before they go idle or wait
+        -- (fairq.settled_due_ats, which reads in a snapshot of its own).
+        UPDATE fairq.channel c
+               SET in_flight = c.in_flight + fairq.slots(c.max_concurrency, 1),
+                   last_release_at = v_now,
+                   due_at = n.due_at,
+                   -- (It had work until now, so it is idle from now on, if at all:
+                   -- not since the idle_since in its row, which a woken channel served
+                   -- first still carries from before its wake.)
+                   idle_since = fairq.idle_since(n.due_at, NULL, v_now),
+                   turn_at = n.turn_at,
+                   turn_pass = fairq.served_turn_pass(n.turn_at, CASE WHEN c.id = v_first_id THEN v_first_pass
+                                                                      ELSE c.turn_pass END, c.weight),
+                   turn_given_at = CASE WHEN n.turn_at = fairq.in_rotation() THEN v_now END,
+                   turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL, n.turn_seq)
+              FROM (SELECT x.row_ctid, x.due_at, x.turn_seq,
+                           fairq.served_turn_at(x.turn_at, x.next_turn, v_now) AS turn_at
+                      FROM (SELECT k.ctid AS row_ctid, s.due_at, k.turn_at, s.turn_seq,
+                                   fairq.next_turn(NULL, s.due_at, v_now, k.release_interval_ms,
+                                                   k.in_flight + 1, k.max_concurrency,
+                                                   k.paused_until, v_now) AS next_turn
+                              FROM unnest(v_served, v_served_seqs,
+                                          -- (Read for all, settled together: once, before
+                                          -- any row is written. A scan of one array keeps
+                                          -- its order, with no sort.)
+                                          fairq.settled_due_ats(
+                                              v_served, v_served_names,
+                                              ARRAY(SELECT (SELECT p.due_at FROM fairq.pending_due_at(u.id) AS p)
+                                                      FROM unnest(v_served) AS u(id)),
+                                              v_queue_id, v_now))
+                                   AS s(channel_id, turn_seq, due_at)
+                             CROSS JOIN LATERAL (SELECT k.ctid,
+                                                        CASE WHEN k.id = v_first_id THEN fairq.in_rotation()
+                                                             ELSE k.turn_at END AS turn_at,
+                                                        k.release_interval_ms, k.in_flight, k.max_concurrency,
+                                                        k.paused_until
+                                                   FROM fairq.channel k
+                                                  WHERE k.id = s.channel_id OFFSET 0) k
+                            OFFSET 0) x
+                    OFFSET 0) n
+               -- (Every OFFSET 0 keeps its subquery apart: the channels are looked up one
+               -- by one, by id, and written where they were read (this call holds them,
+               -- so the row a ctid names is current); and next_turn and served_turn_at
+               -- get plain columns, since a SQL function is inlined only when an argument
+               -- it reads twice is cheap: planned again at every row, they made this
+               -- statement five times slower.)
+             WHERE c.ctid = n.row_ctid;
+        -- Picked channels that had nothing to hand out, in pick order (the served are
+        -- some of the picked: none when they are as many).
+        IF cardinality(v_served) < cardinality(v_picked) THEN
+            FOR v_pos IN 1 .. cardinality(v_picked) LOOP
+                CONTINUE WHEN v_picked[v_pos] = ANY (v_served);
+                PERFORM fairq.channel_retire(v_picked[v_pos], v_now, v_turn_seqs[v_pos]);
+                v_visited := v_visited || v_picked[v_pos];
+            END LOOP;
+        END IF;
+        v_count := v_count + cardinality(v_served);
+        v_first_id := NULL;
+    END LOOP;
+    -- The collector's turn, if nobody ran it in the last second (its row is taken
+    -- with SKIP LOCKED: no dequeue waits for another's collection).
+    IF NOT v_collect THEN
+        RETURN;
+    END IF;
+    PERFORM FROM fairq.channel_collection k WHERE k.collected_at <= v_now - interval '1 s'
+        FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        UPDATE fairq.channel_collection SET collected_at = v_now;
+        PERFORM fairq.collect_idle_channels(v_now, 1000);
+    END IF;
 END
 $$;
 

@@ -1004,7 +1004,9 @@ AS $$ SELECT hashtext(p_queue) $$;
 --   * a queue's name follows the channel-name rules (fairq.require_channel_name);
 --   * a paused queue hands nothing out until the pause ends; creates, settlements,
 --     heartbeats and the recovery of expired locks go on (the dequeue checks the
---     pause after recovering), so a pause never loses or strands a message.
+--     pause after recovering, and again after each wait for a busy channel), so a
+--     pause never loses or strands a message. A dequeue already past its check hands
+--     out what it picks in that statement: a pause does not wait for dequeues.
 
 -- The queue named p_queue (validated as argument p_name), or a row of NULLs.
 CREATE FUNCTION fairq.queue_lookup(p_queue text, p_name text) RETURNS fairq.queue
@@ -1016,6 +1018,14 @@ BEGIN
     SELECT * INTO v_queue FROM fairq.queue q WHERE q.name = fairq.require_channel_name(p_queue, p_name);
     RETURN v_queue;
 END
+$$;
+
+-- Whether queue p_queue_id is paused at p_now: for a dequeue that read the pause once
+-- and then waited (fairq.wait_for_release), during which a pause may have committed.
+CREATE FUNCTION fairq.queue_paused(p_queue_id integer, p_now timestamptz) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce((SELECT q.paused_until > p_now FROM fairq.queue q WHERE q.id = p_queue_id), false)
 $$;
 
 -- The id of queue p_queue, created on first use. Every producer call asks, so a known
@@ -1063,6 +1073,13 @@ BEGIN
              WHERE q.name = fairq.require_channel_name(p_queue, 'p_queue') FOR UPDATE) old
      WHERE q.id = old.id AND old.paused_until IS NOT NULL
     RETURNING old.paused_until > fairq.clock() INTO v_was_paused;
+    -- Sleeping workers had no time to wake at while it was paused until resumed.
+    IF v_was_paused AND fairq.events_wanted(true) THEN
+        IF fairq.worker_may_sleep(p_queue) THEN
+            PERFORM fairq.notify_event('policy', q.id, NULL, NULL, NULL)
+               FROM fairq.queue q WHERE q.name = p_queue;
+        END IF;
+    END IF;
     RETURN coalesce(v_was_paused, false);
 END
 $$;
@@ -1079,7 +1096,9 @@ COMMENT ON FUNCTION fairq.queue_resume(text) IS
 -- Invariants:
 --   * events are hints sent from inside the caller's transaction, so listeners hear
 --     of a message only once it is committed; by default only calls that make work
---     available send one (see fairq.events_wanted), and only while a worker of the
+--     available send one (see fairq.events_wanted): creates, defers, dead-letter
+--     retries, completions that free a full channel's slot, and resumes and policies
+--     that bring a turn earlier (event 'policy'), and only while a worker of the
 --     queue sleeps (the doorbell, below); payloads stay small, and
 --     `SET fairq.events = off` silences them;
 --   * the doorbell (fairq.events = doorbell, the default) loses no wake: a worker
@@ -2491,6 +2510,26 @@ BEGIN
 END
 $$;
 
+-- Writes back a channel whose policy or pause a call changed (fairq.channel_store,
+-- the turn recomputed), and tells sleeping workers where that brought its turn
+-- earlier: a channel that had none (paused until resumed, full) or a later one. A
+-- pause until resumed gives a sleeping worker no time to wake at (doorbell_quiet's
+-- next_turn_at), so until 0.7.37 a resume woke nobody before the next poll.
+CREATE FUNCTION fairq.channel_store_policy(p_channel fairq.channel, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_stored fairq.channel := fairq.channel_store(p_channel, p_now, false);
+BEGIN
+    IF v_stored.turn_at IS NOT NULL AND (p_channel.turn_at IS NULL OR v_stored.turn_at < p_channel.turn_at)
+       AND fairq.events_wanted(true) THEN
+        IF fairq.worker_sleeps(v_stored.queue_id) THEN
+            PERFORM fairq.notify_event('policy', v_stored.queue_id, v_stored.name, NULL, v_stored.turn_at);
+        END IF;
+    END IF;
+END
+$$;
+
 CREATE FUNCTION fairq.channel_set(
     p_channel text,
     p_max_concurrency integer DEFAULT NULL,
@@ -2539,7 +2578,7 @@ BEGIN
     -- New limits apply from now: the turn is recomputed (a raised release interval
     -- moves it later, a lowered one brings it to now; the channel joins the rotation
     -- again at the back).
-    PERFORM fairq.channel_store(v_channel, v_now, false);
+    PERFORM fairq.channel_store_policy(v_channel, v_now);
 END
 $$;
 
@@ -2569,7 +2608,7 @@ BEGIN
            max_size = NULL, max_attempts = NULL, in_flight = 0, weight = 1, paused_until = NULL
      WHERE id = v_channel.id
     RETURNING * INTO v_channel;
-    PERFORM fairq.channel_store(v_channel, v_now, false);
+    PERFORM fairq.channel_store_policy(v_channel, v_now);
     RETURN true;
 END
 $$;
@@ -2591,7 +2630,7 @@ BEGIN
     v_channel := fairq.channel_for_policy(fairq.queue_for_producer(p_queue, 'p_queue'), p_channel);
     v_channel.paused_until := p_until;
     UPDATE fairq.channel SET paused_until = p_until WHERE id = v_channel.id;
-    PERFORM fairq.channel_store(v_channel, v_now, false);
+    PERFORM fairq.channel_store_policy(v_channel, v_now);
 END
 $$;
 
@@ -2615,7 +2654,7 @@ BEGIN
     v_channel := fairq.channel_for_policy(v_queue_id, p_channel);
     v_channel.paused_until := NULL;
     UPDATE fairq.channel SET paused_until = NULL WHERE id = v_channel.id;
-    PERFORM fairq.channel_store(v_channel, v_now, false);
+    PERFORM fairq.channel_store_policy(v_channel, v_now);
     RETURN true;
 END
 $$;
@@ -3076,8 +3115,9 @@ COMMENT ON FUNCTION fairq.message_create_batch(text[], bytea[], timestamptz[], i
 --      nothing reads the clock again and picks once more: a call that started later
 --      may have served a channel meanwhile and made it wait until that later time.
 --      If every eligible channel is busy with another call, a call that holds no lock
---      yet waits briefly for one to be released and picks again (with a new clock),
---      instead of answering "empty" while work is waiting.
+--      yet waits briefly for one to be released and picks again (with a new clock,
+--      unless the queue was paused meanwhile), instead of answering "empty" while
+--      work is waiting.
 --   3. In those channels, promote scheduled messages that have come due to 'ready'
 --      (so priority orders everything due, and a future message waits however
 --      urgent), bury heads that would exceed max_attempts, then lock each channel's
@@ -3433,7 +3473,10 @@ BEGIN
             -- and gave its channel a turn at its own clock. This call goes on with a new
             -- clock: a channel that joins the rotation now is served at that clock, never
             -- at the one read before the wait (a rate limit counts from the release).
+            -- A queue paused meanwhile hands nothing more out (until 0.7.37 a dequeue
+            -- that had waited for a busy channel served it after the pause committed).
             v_now := fairq.clock();
+            EXIT WHEN fairq.queue_paused(v_queue_id, v_now);
             v_holds_locks := (fairq.join_rotation(v_queue_id, v_now, p_max_messages - v_count)).took;
             v_clock_fresh := false;
             CONTINUE;

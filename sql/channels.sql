@@ -799,6 +799,26 @@ BEGIN
 END
 $$;
 
+-- Writes back a channel whose policy or pause a call changed (fairq.channel_store,
+-- the turn recomputed), and tells sleeping workers where that brought its turn
+-- earlier: a channel that had none (paused until resumed, full) or a later one. A
+-- pause until resumed gives a sleeping worker no time to wake at (doorbell_quiet's
+-- next_turn_at), so until 0.7.37 a resume woke nobody before the next poll.
+CREATE FUNCTION fairq.channel_store_policy(p_channel fairq.channel, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_stored fairq.channel := fairq.channel_store(p_channel, p_now, false);
+BEGIN
+    IF v_stored.turn_at IS NOT NULL AND (p_channel.turn_at IS NULL OR v_stored.turn_at < p_channel.turn_at)
+       AND fairq.events_wanted(true) THEN
+        IF fairq.worker_sleeps(v_stored.queue_id) THEN
+            PERFORM fairq.notify_event('policy', v_stored.queue_id, v_stored.name, NULL, v_stored.turn_at);
+        END IF;
+    END IF;
+END
+$$;
+
 CREATE FUNCTION fairq.channel_set(
     p_channel text,
     p_max_concurrency integer DEFAULT NULL,
@@ -847,7 +867,7 @@ BEGIN
     -- New limits apply from now: the turn is recomputed (a raised release interval
     -- moves it later, a lowered one brings it to now; the channel joins the rotation
     -- again at the back).
-    PERFORM fairq.channel_store(v_channel, v_now, false);
+    PERFORM fairq.channel_store_policy(v_channel, v_now);
 END
 $$;
 
@@ -877,7 +897,7 @@ BEGIN
            max_size = NULL, max_attempts = NULL, in_flight = 0, weight = 1, paused_until = NULL
      WHERE id = v_channel.id
     RETURNING * INTO v_channel;
-    PERFORM fairq.channel_store(v_channel, v_now, false);
+    PERFORM fairq.channel_store_policy(v_channel, v_now);
     RETURN true;
 END
 $$;
@@ -899,7 +919,7 @@ BEGIN
     v_channel := fairq.channel_for_policy(fairq.queue_for_producer(p_queue, 'p_queue'), p_channel);
     v_channel.paused_until := p_until;
     UPDATE fairq.channel SET paused_until = p_until WHERE id = v_channel.id;
-    PERFORM fairq.channel_store(v_channel, v_now, false);
+    PERFORM fairq.channel_store_policy(v_channel, v_now);
 END
 $$;
 
@@ -923,7 +943,7 @@ BEGIN
     v_channel := fairq.channel_for_policy(v_queue_id, p_channel);
     v_channel.paused_until := NULL;
     UPDATE fairq.channel SET paused_until = NULL WHERE id = v_channel.id;
-    PERFORM fairq.channel_store(v_channel, v_now, false);
+    PERFORM fairq.channel_store_policy(v_channel, v_now);
     RETURN true;
 END
 $$;

@@ -26,8 +26,9 @@
 --      nothing reads the clock again and picks once more: a call that started later
 --      may have served a channel meanwhile and made it wait until that later time.
 --      If every eligible channel is busy with another call, a call that holds no lock
---      yet waits briefly for one to be released and picks again (with a new clock),
---      instead of answering "empty" while work is waiting.
+--      yet waits briefly for one to be released and picks again (with a new clock,
+--      unless the queue was paused meanwhile), instead of answering "empty" while
+--      work is waiting.
 --   3. In those channels, promote scheduled messages that have come due to 'ready'
 --      (so priority orders everything due, and a future message waits however
 --      urgent), bury heads that would exceed max_attempts, then lock each channel's
@@ -383,7 +384,10 @@ BEGIN
             -- and gave its channel a turn at its own clock. This call goes on with a new
             -- clock: a channel that joins the rotation now is served at that clock, never
             -- at the one read before the wait (a rate limit counts from the release).
+            -- A queue paused meanwhile hands nothing more out (until 0.7.37 a dequeue
+            -- that had waited for a busy channel served it after the pause committed).
             v_now := fairq.clock();
+            EXIT WHEN fairq.queue_paused(v_queue_id, v_now);
             v_holds_locks := (fairq.join_rotation(v_queue_id, v_now, p_max_messages - v_count)).took;
             v_clock_fresh := false;
             CONTINUE;

@@ -3,7 +3,9 @@
 -- Invariants:
 --   * events are hints sent from inside the caller's transaction, so listeners hear
 --     of a message only once it is committed; by default only calls that make work
---     available send one (see fairq.events_wanted), and only while a worker of the
+--     available send one (see fairq.events_wanted): creates, defers, dead-letter
+--     retries, completions that free a full channel's slot, and resumes and policies
+--     that bring a turn earlier (event 'policy'), and only while a worker of the
 --     queue sleeps (the doorbell, below); payloads stay small, and
 --     `SET fairq.events = off` silences them;
 --   * the doorbell (fairq.events = doorbell, the default) loses no wake: a worker

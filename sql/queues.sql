@@ -9,7 +9,9 @@
 --   * a queue's name follows the channel-name rules (fairq.require_channel_name);
 --   * a paused queue hands nothing out until the pause ends; creates, settlements,
 --     heartbeats and the recovery of expired locks go on (the dequeue checks the
---     pause after recovering), so a pause never loses or strands a message.
+--     pause after recovering, and again after each wait for a busy channel), so a
+--     pause never loses or strands a message. A dequeue already past its check hands
+--     out what it picks in that statement: a pause does not wait for dequeues.
 
 -- The queue named p_queue (validated as argument p_name), or a row of NULLs.
 CREATE FUNCTION fairq.queue_lookup(p_queue text, p_name text) RETURNS fairq.queue
@@ -21,6 +23,14 @@ BEGIN
     SELECT * INTO v_queue FROM fairq.queue q WHERE q.name = fairq.require_channel_name(p_queue, p_name);
     RETURN v_queue;
 END
+$$;
+
+-- Whether queue p_queue_id is paused at p_now: for a dequeue that read the pause once
+-- and then waited (fairq.wait_for_release), during which a pause may have committed.
+CREATE FUNCTION fairq.queue_paused(p_queue_id integer, p_now timestamptz) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce((SELECT q.paused_until > p_now FROM fairq.queue q WHERE q.id = p_queue_id), false)
 $$;
 
 -- The id of queue p_queue, created on first use. Every producer call asks, so a known
@@ -68,6 +78,13 @@ BEGIN
              WHERE q.name = fairq.require_channel_name(p_queue, 'p_queue') FOR UPDATE) old
      WHERE q.id = old.id AND old.paused_until IS NOT NULL
     RETURNING old.paused_until > fairq.clock() INTO v_was_paused;
+    -- Sleeping workers had no time to wake at while it was paused until resumed.
+    IF v_was_paused AND fairq.events_wanted(true) THEN
+        IF fairq.worker_may_sleep(p_queue) THEN
+            PERFORM fairq.notify_event('policy', q.id, NULL, NULL, NULL)
+               FROM fairq.queue q WHERE q.name = p_queue;
+        END IF;
+    END IF;
     RETURN coalesce(v_was_paused, false);
 END
 $$;

@@ -759,6 +759,39 @@ def test_a_batch_completion_freeing_many_capped_channels_sends_one_event(dsn: st
             assert sorted(d.channel for d in drain(c)) == capped
 
 
+def test_a_resume_or_a_policy_that_makes_work_available_wakes_sleeping_workers(dsn: str) -> None:
+    """A channel or queue paused until resumed gives a sleeping worker no time to wake
+    at (doorbell_quiet's next_turn_at is NULL): until 0.7.37 a resume sent nothing, and
+    the worker slept until its next poll with work ready. A policy that brings a
+    turn earlier (a cap raised on a full channel) tells it too; one that changes
+    nothing due does not."""
+    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as c:
+        listener.execute("LISTEN fairq")
+        create(c, "held")
+        c.execute("SELECT fairq.channel_pause('held')")
+        c.execute("SELECT fairq.queue_pause('default')")
+        create(c, "other")
+        assert _doorbell(listener)[2] is None  # nothing to wake at
+        _events(listener, dsn)  # (the creates')
+        assert call(c, "queue_resume", "default") is True
+        assert call(c, "channel_resume", "held", "default") is True
+        got = _events(listener, dsn)
+        assert [(e["event"], e["channel"], e["id"]) for e in got] == [
+            ("policy", None, None), ("policy", "held", None)]
+        assert all(e["queue"] == "default" for e in got)
+        for d in drain(c):
+            assert d.channel in ("held", "other")
+        call(c, "channel_set", "full", 1, 0, None, None)
+        create(c, "full")
+        create(c, "full")
+        held = dequeue(c)
+        _events(listener, dsn)
+        call(c, "channel_set", "full", 2, 0, None, None)   # a slot for the waiting one
+        call(c, "channel_set", "full", 2, 0, 9, None)      # nothing new due: no event
+        assert [(e["event"], e["channel"]) for e in _events(listener, dsn)] == [("policy", "full")]
+        assert [d.channel for d in held] == ["full"]
+
+
 def test_with_no_worker_asleep_no_event_is_sent_unless_events_is_wake(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as c:
         listener.execute("LISTEN fairq")
