@@ -22,7 +22,7 @@ import pytest
 
 from fairq import bench
 from fairq.bench.churn import churn_channel
-from fairq.bench.database import SCHEMA, check, prepare_database, reset
+from fairq.bench.database import SCHEMA, DatabaseInUse, check, prepare_database, reset
 from fairq.bench.fairness import UNSERVED_LIGHT_WAITS, backlogged_tenants
 from fairq.bench.output import clean, table
 from fairq.bench.plots import write_plots
@@ -229,7 +229,7 @@ def test_a_database_holding_any_fairq_data_is_refused(dsn: str) -> None:
     queues were wiped."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT fairq.queue_pause('billing')")
-    with pytest.raises(RuntimeError, match=r"fairq\.queue"):
+    with pytest.raises(DatabaseInUse, match=r"fairq\.queue"):
         prepare_database(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM fairq.queue").fetchone() == (1,)

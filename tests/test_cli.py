@@ -40,6 +40,11 @@ def fairq(*args: str, dsn: str | None = None, stdin: bytes | None = None,
     ("dead", "retry", "99999999999999999999"),
     ("dead", "list", "--limit", "-1"),
     ("worker", "json:dumps", "--concurrency", "-3"),
+    # Past the SQL's longest duration, building the timedelta ended in an OverflowError.
+    ("channel", "set", "x", "--release-interval-ms", "86400000000000000"),
+    ("channel", "set", "x", "--release-interval-ms", str(2**63 - 1)),
+    # A thread each: "can't start new thread", in a traceback.
+    ("worker", "json:dumps", "--concurrency", "100000"),
 ])
 def test_a_number_out_of_range_is_a_usage_error_naming_its_option(args: tuple[str, ...]) -> None:
     """Past the SQL's integer or bigint, a number failed in the database naming no
@@ -86,6 +91,67 @@ def test_out_of_range_options_are_usage_errors(dsn: str, args: tuple[str, ...]) 
     """They ended in a traceback (OverflowError, or Worker's ValueError) and exit 1."""
     result = fairq("--dsn", dsn, *args)
     assert (result.returncode, "Traceback" in result.stderr) == (2, False), result.stderr
+
+
+@pytest.mark.parametrize("args", [("dashboard", "--port", "99999"),
+                                  ("metrics", "--port", "99999"),
+                                  ("demo", "--dashboard-port", "70000"),
+                                  ("dashboard", "--interval", "inf"),
+                                  ("dashboard", "--interval", "1e300"),
+                                  ("metrics", "--interval", "inf"),
+                                  ("report", "--out", "d", "--window", "inf"),
+                                  ("report", "--out", "d", "--since", "99999999999d"),
+                                  ("report", "--out", "d", "--since", "800000d")])
+def test_delegated_commands_refuse_out_of_range_options_as_usage_errors(
+        args: tuple[str, ...]) -> None:
+    """They ended in OverflowError tracebacks (socket.bind, timedelta)."""
+    result = fairq("--dsn", "host=127.0.0.1 port=1 dbname=never_used", *args)
+    assert (result.returncode, "Traceback" in result.stderr) == (2, False), result.stderr
+    option = next(a for a in reversed(args) if a.startswith("--"))
+    assert f"argument {option}:" in result.stderr
+
+
+def test_long_durations_are_refused_with_their_bound() -> None:
+    """--delay 1e20 was reported as "expected ... at least 0"."""
+    result = fairq("--dsn", "dbname=never_used", "send", "c", "x", "--delay", "1e20")
+    assert result.returncode == 2 and "at most 315360000" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("args", [("--ds", "dbname=never_used", "metrics"),
+                                  ("--dsn", "dbname=a", "--dsn", "dbname=b", "metrics"),
+                                  ("--dsn", "host=127.0.0.1 port=1", "send", "--prio", "1", "c",
+                                   "x")])
+def test_abbreviations_and_misplaced_options_are_refused(args: tuple[str, ...]) -> None:
+    """`fairq --ds URL metrics` took --ds for --dsn and metrics for a command of the main
+    parser, which did nothing, exit 0 (so did a --dsn given twice)."""
+    result = fairq(*args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "usage:" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [("stats",), ("dashboard",), ("metrics", "--once"),
+                                     ("report", "--out", "x")])
+def test_a_malformed_database_url_is_named(command: tuple[str, ...]) -> None:
+    """It was reported as the malformed "argument --dsn", which was not given."""
+    result = fairq(*command, dsn=f"postgresql://app:{SECRET}%zz@127.0.0.1:1/app")
+    assert result.returncode == 2 and SECRET not in result.stderr
+    assert "error: DATABASE_URL: the connection string is malformed" in result.stderr, (
+        result.stderr)
+
+
+def test_bench_hides_the_password_and_refuses_a_database_in_use_in_one_line(dsn: str) -> None:
+    """Its first progress line showed --dsn, password and all; and a database holding
+    fairq data was refused with a RuntimeError traceback."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT fairq.queue_pause('billing')")
+    # (The test server trusts its connections: the password is not checked.)
+    with_password = psycopg.conninfo.make_conninfo(dsn, password=SECRET)
+    result = fairq("bench", "--dsn", with_password, "--sizes", "tiny", "--only", "depth")
+    assert result.returncode == 1, result.stderr
+    assert SECRET not in result.stdout + result.stderr and "Traceback" not in result.stderr
+    assert "against" in result.stderr  # the progress line, without the password
+    assert result.stderr.splitlines()[-1].startswith(
+        "fairq bench: the database already holds fairq data (fairq.queue")
 
 
 def test_bench_demo_and_report_are_handed_their_own_command_line() -> None:
@@ -162,6 +228,92 @@ def test_a_send_to_a_full_channel_exits_1(dsn: str) -> None:
     dropped = fairq("send", "full", "b", dsn=dsn)
     assert dropped.returncode == 1
     assert dropped.stdout == "dropped -\n" and "nothing was stored" in dropped.stderr
+
+
+def fairq_writing_to(stdout: Any, *args: str, dsn: str,
+                     env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`fairq ARGS` with its standard output going to ``stdout``."""
+    return subprocess.run([str(FAIRQ), *args], env={**os.environ, "DATABASE_URL": dsn, **(env or {})},
+                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=60)
+
+
+def closed_pipe() -> int:
+    """The write end of a pipe nothing reads any more (`| head -0`)."""
+    read, write = os.pipe()
+    os.close(read)
+    return write
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_output_nobody_reads_is_no_traceback_and_a_send_done_is_no_failure(
+        dsn: str, unbuffered: str) -> None:
+    """`fairq stats | head -0` ended in a BrokenPipeError traceback, exit 1; so did
+    `fairq send c x | true`, though the message was stored: a script retried it and sent
+    it twice. Unbuffered (PYTHONUNBUFFERED, as containers often set), the print itself
+    fails, right after the send."""
+    env = {"PYTHONUNBUFFERED": unbuffered}
+    assert fairq("channel", "set", "full", "--max-size", "1", dsn=dsn).returncode == 0
+    pipe = closed_pipe()
+    try:
+        results = {args: fairq_writing_to(pipe, *args, dsn=dsn, env=env) for args in [
+            ("send", "full", "a"), ("send", "full", "b"), ("stats",), ("doctor",),
+            ("channel", "list")]}
+    finally:
+        os.close(pipe)
+    assert {args: (r.returncode, "Traceback" in r.stderr) for args, r in results.items()} == {
+        ("send", "full", "a"): (0, False),  # stored: its own outcome
+        ("send", "full", "b"): (1, False),  # dropped: its own outcome too
+        ("stats",): (141, False), ("doctor",): (141, False), ("channel", "list"): (141, False)}
+    assert "nothing was stored" in results[("send", "full", "b")].stderr
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM fairq.message").fetchone() == (1,)
+
+
+def test_output_that_cannot_be_written_is_one_line_and_exit_1(dsn: str) -> None:
+    """`fairq stats > /dev/full` ended in an OSError traceback."""
+    with open("/dev/full", "w") as full:
+        result = fairq_writing_to(full, "stats", dsn=dsn)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr == "fairq stats: cannot write the output: No space left on device\n"
+
+
+def test_send_without_stdin_is_a_usage_error(dsn: str) -> None:
+    """`fairq send c - <&-` ended in an AttributeError traceback (sys.stdin is None)."""
+    result = subprocess.run([str(FAIRQ), "--dsn", dsn, "send", "c", "-"], capture_output=True,
+                            text=True, timeout=60, preexec_fn=lambda: os.close(0))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "no standard input" in result.stderr
+
+
+def test_send_takes_content_that_is_not_utf8_byte_exact(dsn: str) -> None:
+    """An argument that is not UTF-8 was refused as a usage error (a UnicodeEncodeError
+    taken for one), though the content is bytes."""
+    sent = fairq("send", "c", os.fsdecode(b"caf\xe9 \xff"), dsn=dsn)
+    assert sent.returncode == 0, sent.stderr
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT content FROM fairq.message").fetchone() == (b"caf\xe9 \xff",)
+
+
+def test_a_name_the_output_encoding_cannot_show_is_escaped(dsn: str) -> None:
+    """A UnicodeEncodeError printing it was taken for a usage error (exit 2)."""
+    assert fairq("channel", "set", "café", dsn=dsn).returncode == 0
+    listed = fairq_writing_to(subprocess.PIPE, "channel", "list", dsn=dsn,
+                              env={"PYTHONIOENCODING": "ascii"})
+    assert listed.returncode == 0, listed.stderr
+    assert "caf\\xe9" in listed.stdout
+
+
+@pytest.mark.parametrize("source", ["raise ValueError('boom')\ndef run(m): pass\n",
+                                    "def run(m:\n"], ids=["ValueError", "SyntaxError"])
+def test_a_handler_module_that_fails_to_import_is_named(tmp_path: Path, source: str) -> None:
+    """A ValueError it raised was shown as a usage error of its own text ("boom"); a
+    SyntaxError as a traceback, exit 1."""
+    (tmp_path / "broken_handler.py").write_text(source)
+    result = subprocess.run([str(FAIRQ), "--dsn", "dbname=never_used", "worker",
+                             "broken_handler:run"], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "cannot load broken_handler:run:" in result.stderr
 
 
 def _findings(result: subprocess.CompletedProcess[str]) -> dict[str, tuple[str, str]]:
@@ -365,6 +517,17 @@ def test_install_and_upgrade(plain_dsn: str, dsn: str, tmp_path: Path) -> None: 
 
     refused = fairq("install", dsn=dsn)
     assert refused.returncode == 1 and "extension" in refused.stderr
+
+
+@pytest.mark.parametrize("command", ["install", "upgrade"])
+def test_scripts_that_cannot_be_read_are_refused_in_one_line(
+        plain_dsn: str, tmp_path: Path, command: str) -> None:  # noqa: F811
+    """--scripts naming no directory, or one without fairq.control, ended in a
+    FileNotFoundError traceback."""
+    for directory in (tmp_path / "nonexistent", tmp_path):
+        result = fairq(command, "--scripts", str(directory), dsn=plain_dsn)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert f"cannot read {directory / 'fairq.control'}" in result.stderr
 
 
 def table(out: str) -> list[list[str]]:

@@ -49,6 +49,14 @@ def dsn_argument(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def shown_conninfo(conninfo: str) -> str:
+    """``conninfo`` as it may be shown (in a log, a progress line): without its password,
+    whether a URL's or a keyword's."""
+    params = conninfo_to_dict(conninfo)
+    params.pop("password", None)
+    return make_conninfo("", **params)
+
+
 #: What every connection fairq opens itself (a queue's own pool, a worker's LISTEN and
 #: doorbell connections) adds to the conninfo it was given unless that says otherwise:
 #: a host that stopped answering (a failover's old primary) held a connect for the

@@ -38,6 +38,15 @@ def _version_key(version: str) -> tuple[int, ...] | None:
     return None if match is None else tuple(int(part) for part in match.groups())
 
 
+def _read(path: Path) -> str:
+    """The text of one of the scripts' files: one that cannot be read (a mistyped
+    --scripts) is an InstallError, as a refusal is, rather than a traceback."""
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise InstallError(f"cannot read {path}: {exc.strerror}") from exc
+
+
 @dataclass(frozen=True)
 class Scripts:
     """A directory laid out like the extension's: ``fairq.control`` and scripts."""
@@ -54,7 +63,7 @@ class Scripts:
 
     @property
     def default_version(self) -> str:
-        control = (self.directory / "fairq.control").read_text()
+        control = _read(self.directory / "fairq.control")
         found = re.search(r"^default_version\s*=\s*'([^']+)'", control, re.MULTILINE)
         if found is None:
             raise InstallError(f"no default_version in {self.directory / 'fairq.control'}")
@@ -84,7 +93,7 @@ class Scripts:
 
 
 def _run_script(conn: Connection, path: Path) -> None:
-    sql = _GUARD.sub("", path.read_text()).replace("@extschema@", "fairq")
+    sql = _GUARD.sub("", _read(path)).replace("@extschema@", "fairq")
     # As CREATE EXTENSION runs a script: function bodies are not checked as they are
     # created (an SQL function may call one the script creates after it), and names
     # resolve in pg_catalog first, then fairq. With the installer's search_path, an

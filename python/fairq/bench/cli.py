@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fairq._source import dsn_argument
+from fairq._source import dsn_argument, shown_conninfo
+from fairq.bench.database import DatabaseInUse
 from fairq.bench.output import clean, table, write_json
 from fairq.bench.plots import write_plots
 from fairq.bench.progress import Progress
@@ -32,7 +33,8 @@ DURABLE_SETTINGS = {
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="fairq bench", description="fairq against the physical floor, side by side.")
+        prog="fairq bench", description="fairq against the physical floor, side by side.",
+        allow_abbrev=False)
     parser.add_argument("--dsn", type=dsn_argument,
                         help="a database dedicated to the bench (default: start a"
                              " throwaway cluster on 127.0.0.1 and remove it afterwards)")
@@ -89,13 +91,17 @@ def main(argv: list[str] | None = None) -> int:
             log(f"starting a throwaway cluster of {cluster.version} (durable settings)")
             cluster.start()
             dsn, where = cluster.dsn(), f"throwaway, {DURABLE_SETTINGS}"
-        log(f"fairq bench ({sizes.name}) against {dsn}")
+        # (--dsn may hold a password: it is not shown.)
+        log(f"fairq bench ({sizes.name}) against {shown_conninfo(dsn)}")
         results = run(dsn, sizes, log, scenarios, where, profile=args.profile)
         if args.spark:
             spark_scenario(dsn, SPARK_ROWS[sizes.name], results, log)
     except KeyboardInterrupt:
         print("fairq bench: interrupted", file=sys.stderr)
         return 130
+    except DatabaseInUse as exc:
+        print(f"fairq bench: {exc}", file=sys.stderr)
+        return 1
     finally:
         try:
             if cluster is not None:

@@ -16,9 +16,9 @@ from fairq.bench.progress import Log
 from fairq.bench.sizes import Sizes
 from fairq.bench.threads import Threads
 
-__all__ = ["LOCK_MS", "PAYLOAD", "PAYLOAD_SQL", "SCHEMA", "Conn", "check", "clean_up", "connect",
-           "load", "prepare_database", "relation_sizes", "reset", "retrying", "scalar", "settle",
-           "table_stats"]
+__all__ = ["LOCK_MS", "PAYLOAD", "PAYLOAD_SQL", "SCHEMA", "Conn", "DatabaseInUse", "check",
+           "clean_up", "connect", "load", "prepare_database", "relation_sizes", "reset", "retrying",
+           "scalar", "settle", "table_stats"]
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -101,6 +101,10 @@ FAIRQ_TABLES = ("fairq.message", "fairq.channel", "fairq.channel_size", "fairq.c
                 "fairq.channel_wake", "fairq.dead_letter", "fairq.message_history", "fairq.queue")
 
 
+class DatabaseInUse(Exception):
+    """The database holds fairq data: the bench, which empties fairq's tables, refuses it."""
+
+
 def prepare_database(dsn: str) -> None:
     """Makes sure fairq is installed and empty, and creates the reference schema."""
     with connect(dsn) as conn:
@@ -110,7 +114,7 @@ def prepare_database(dsn: str) -> None:
         held = [table for table in FAIRQ_TABLES
                 if scalar(conn, f"SELECT EXISTS (SELECT FROM {table})")]
         if held:
-            raise RuntimeError(f"fairq bench: the database already holds fairq data"
+            raise DatabaseInUse(f"the database already holds fairq data"
                                f" ({', '.join(held)}); point --dsn at a database dedicated"
                                " to the bench")
     reset(dsn)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
@@ -12,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from fairq import _arguments
 from fairq._source import dsn_argument
 
 if TYPE_CHECKING:
     from fairq.dashboard.app import Settings
 
 __all__ = ["LOOPBACK_HOSTS", "WILDCARD_HOSTS", "answered_hosts", "check_database",
-           "dashboard_settings", "main", "missing_extra", "seconds"]
+           "dashboard_settings", "main", "missing_extra"]
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # every address: no Host name to accept from it
@@ -49,13 +49,6 @@ def check_database(dsn: str) -> str:
     return str(row[0])
 
 
-def seconds(text: str) -> timedelta:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be positive")
-    return timedelta(seconds=value)
-
-
 def answered_hosts(host: str, allowed_hosts: Sequence[str]) -> tuple[str, ...]:
     """The Host names a server listening on ``host`` answers to (the dashboard and
     ``fairq metrics``): the loopback names, that address (unless it is every
@@ -77,16 +70,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fairq dashboard",
         description="A live web view of fairq's queues, channels, locks and dead letters, "
-                    "with Prometheus metrics at /metrics.")
-    parser.add_argument("--dsn", type=dsn_argument, default=os.environ.get("DATABASE_URL"),
+                    "with Prometheus metrics at /metrics.",
+        allow_abbrev=False)
+    parser.add_argument("--dsn", type=dsn_argument,
                         help="PostgreSQL conninfo or URL (default: $DATABASE_URL); the "
                              "dashboard has exactly this role's rights")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--port", type=_arguments.port, default=8080,
+                        help="port to listen on (default 8080; 0: any free one)")
     parser.add_argument("--read-only", action="store_true",
                         help="no buttons: retry, delete, pause and resume are refused")
-    parser.add_argument("--interval", type=seconds, default=timedelta(seconds=5),
+    parser.add_argument("--interval", type=_arguments.positive_seconds,
+                        default=timedelta(seconds=5),
                         help="seconds between samples of the queues and page refreshes "
                              "(default 5)")
     parser.add_argument("--top-channels", type=int, default=20, metavar="N",
@@ -102,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "request came to, e.g. https://dash.example.com behind a proxy "
                              "that ends TLS; repeatable")
     args = parser.parse_args(argv)
+    args.dsn = _arguments.dsn_or_environment(parser, args.dsn)
     if not args.dsn:
         parser.error("no database: pass --dsn or set DATABASE_URL")
     if missing_extra("fairq dashboard"):

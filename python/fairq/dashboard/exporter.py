@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import socket
 import sys
@@ -22,8 +21,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import psycopg
 
+from fairq import _arguments
 from fairq._source import dsn_argument
-from fairq.dashboard.cli import answered_hosts, check_database, missing_extra, seconds
+from fairq.dashboard.cli import answered_hosts, check_database, missing_extra
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -73,8 +73,9 @@ def serve_metrics(host: str, port: int, metrics: CollectorRegistry,
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fairq metrics",
-                                     description="fairq's Prometheus metrics (text format).")
-    parser.add_argument("--dsn", type=dsn_argument, default=os.environ.get("DATABASE_URL"),
+                                     description="fairq's Prometheus metrics (text format).",
+                                     allow_abbrev=False)
+    parser.add_argument("--dsn", type=dsn_argument,
                         help="PostgreSQL conninfo or URL (default: $DATABASE_URL)")
     parser.add_argument("--once", action="store_true",
                         help="print the metrics once and exit, instead of serving /metrics")
@@ -82,12 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                         help="a Host name to answer to besides the loopback names and the "
                              "--host address (the name Prometheus scrapes); repeatable")
-    parser.add_argument("--port", type=int, default=9464)
-    parser.add_argument("--interval", type=seconds, default=timedelta(seconds=5),
+    parser.add_argument("--port", type=_arguments.port, default=9464,
+                        help="port to listen on (default 9464; 0: any free one)")
+    parser.add_argument("--interval", type=_arguments.positive_seconds,
+                        default=timedelta(seconds=5),
                         help="seconds between samples when serving (default 5)")
     parser.add_argument("--top-channels", type=int, default=20, metavar="N",
                         help="per-channel gauges for the N largest ready backlogs (default 20)")
     args = parser.parse_args(argv)
+    args.dsn = _arguments.dsn_or_environment(parser, args.dsn)
     if not args.dsn:
         parser.error("no database: pass --dsn or set DATABASE_URL")
     if missing_extra("fairq metrics", ["prometheus_client"]):

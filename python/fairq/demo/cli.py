@@ -17,6 +17,7 @@ from typing import TextIO
 
 import psycopg
 
+from fairq import _arguments
 from fairq._source import dsn_argument
 from fairq.demo.dashboard import offer_dashboard
 from fairq.demo.database import DemoError, throwaway_database
@@ -68,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-chart", dest="chart", action="store_const", const=None,
                         help="write no chart")
     parser.add_argument("--seed", type=int, default=1, help="random seed of the workload")
-    parser.add_argument("--dashboard-port", type=int, default=8080,
+    parser.add_argument("--dashboard-port", type=_arguments.port, default=8080,
                         help="watch the run in `fairq dashboard` on 127.0.0.1 at this port "
                              "(default 8080, or a free one if taken; needs the dashboard extra)")
     parser.add_argument("--no-dashboard", dest="dashboard_port", action="store_const",
@@ -107,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fairq demo",
         description="Watch fairq share workers fairly between tenants, with limits, "
-                    "failures and a crash, then read what happened.")
+                    "failures and a crash, then read what happened.",
+        allow_abbrev=False)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fairq import _arguments
 from fairq._source import dsn_argument
 from fairq.report.queries import compute
 from fairq.report.render import write_report
@@ -35,7 +36,11 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     match = _RELATIVE.match(text.strip())
     if match:
         now = now or datetime.now(timezone.utc)
-        return now - timedelta(**{_UNITS[match[2]]: float(match[1])})
+        try:
+            return now - timedelta(**{_UNITS[match[2]]: float(match[1])})
+        except OverflowError:  # (argparse reports only ValueError and its own as usage)
+            raise argparse.ArgumentTypeError(
+                f"{text!r} goes back before the year 1") from None
     try:
         when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
@@ -44,27 +49,21 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
-def _positive_seconds(text: str) -> timedelta:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be positive")
-    return timedelta(seconds=value)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fairq report",
         description="Spark report of fairq.message_history: throughput, wait and processing "
                     "times, attempts, dead-letter rate and fairness, as Parquet, CSV, PNG "
-                    "charts and index.html.")
-    parser.add_argument("--dsn", type=dsn_argument, default=os.environ.get("DATABASE_URL"),
+                    "charts and index.html.",
+        allow_abbrev=False)
+    parser.add_argument("--dsn", type=dsn_argument,
                         help="PostgreSQL conninfo or URL, reachable over TCP "
                              "(default: $DATABASE_URL)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--since", type=parse_since,
                         help="only history settled at or after this ISO 8601 time, "
                              "or this long ago (24h, 7d)")
-    parser.add_argument("--window", type=_positive_seconds, default=timedelta(minutes=1),
+    parser.add_argument("--window", type=_arguments.positive_seconds, default=timedelta(minutes=1),
                         metavar="SECONDS", help="fairness window (default: 60)")
     parser.add_argument("--top", type=int, default=20,
                         help="channels shown in the per-channel chart (default: 20)")
@@ -104,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
+        args.dsn = _arguments.dsn_or_environment(parser, args.dsn)
     except SystemExit as exit_:
         return int(exit_.code or 0)
     if not args.dsn:
