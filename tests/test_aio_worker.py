@@ -835,3 +835,20 @@ def test_fairq_worker_runs_a_coroutine_handler_and_stops_on_sigterm(hdsn: str,
         left = {r[0] for r in conn.execute("SELECT id FROM fairq.message")}
     assert done == in_flight
     assert left == set(ids) - in_flight
+
+
+def test_run_refuses_a_second_run_at_once(dsn: str) -> None:
+    """Two run()s of one worker at once took each other's messages past concurrency."""
+    async def handler(message: AsyncMessage[bytes]) -> None:
+        return None
+
+    async def scenario() -> None:
+        async with AsyncQueue(dsn) as queue:
+            worker = AsyncWorker(queue, handler, **FAST)
+            async with running(worker):
+                await until(lambda: worker._loop is not None)
+                with pytest.raises(RuntimeError, match="already running"):
+                    await worker.run()
+            async with running(worker):  # once returned, it runs again
+                await until(lambda: worker._loop is not None)
+    asyncio.run(scenario())

@@ -576,3 +576,24 @@ def test_the_workers_longest_lock_is_the_sqls(dsn: str) -> None:
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT fairq.max_duration_ms()").fetchone()
     assert row is not None and timedelta(milliseconds=row[0]) == _work.MAX_LOCK
+
+
+def test_a_heartbeat_with_a_lock_wait_in_a_callers_transaction_leaves_its_lock_timeout(
+        dsn: str) -> None:
+    """The wait is the heartbeat's alone: it set lock_timeout for the rest of the
+    caller's transaction, and every later statement there gave up on a lock after
+    100 ms. It still bounds the heartbeat's own wait for a row held elsewhere."""
+    with Queue(dsn) as queue:
+        queue.send("tenant-a", b"x")
+        (message,) = queue.dequeue(LOCK)
+        with queue.transaction() as tx:
+            assert tx.execute("SHOW lock_timeout").fetchone() == ("0",)
+            assert queue.heartbeat(message, LOCK, conn=tx,
+                                   lock_wait=timedelta(milliseconds=100)) is SettleStatus.HEARTBEATED
+            assert tx.execute("SHOW lock_timeout").fetchone() == ("0",)
+        with psycopg.connect(dsn) as holder:
+            holder.execute("SELECT 1 FROM fairq.message FOR UPDATE")
+            started = time.monotonic()
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                queue.heartbeat(message, LOCK, lock_wait=timedelta(milliseconds=100))
+            assert time.monotonic() - started < 10  # (a failure net: it waits 100 ms)

@@ -638,3 +638,77 @@ def test_sigkill_message_returns_after_its_lock_and_completes_once(queue: Queue[
         eventually(lambda: completions(dsn))  # once its lock of 1 s has expired
     assert seen == [(2, True)]
     assert completions(dsn) == [(sent.id, 2)]
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no words for it")
+
+
+def test_a_handler_error_that_cannot_be_printed_still_fails_its_message(
+        queue: Queue[bytes], dsn: str) -> None:
+    """Formatting the error raised inside the worker: the message was never settled,
+    came back at each lock expiry and ran past max_attempts for ever."""
+    ran: list[int] = []
+
+    def handler(message: Message[bytes]) -> None:
+        ran.append(message.num_attempts)
+        raise _Unprintable
+
+    sent = queue.send("tenant-a", b"x")
+    worker = Worker(queue, handler, max_attempts=1, lock=timedelta(seconds=2), **FAST)
+    with running(worker):
+        eventually(lambda: queue.dead_letters())
+    (dead,) = queue.dead_letters()
+    assert (dead.id, dead.error) == (sent.id, "_Unprintable (its message could not be read)")
+    assert ran == [1]
+
+
+def test_run_refuses_a_second_run_at_once_and_each_run_has_its_own_heartbeat(
+        queue: Queue[bytes]) -> None:
+    """Two run()s at once took each other's messages past concurrency. And a heartbeat
+    thread in the middle of a round when run() returned missed the stop flag the next
+    run() cleared, so heartbeat threads piled up over runs: each run now has its own
+    flag (the race needs a slow round; this checks that every run's thread ends)."""
+    worker = Worker(queue, lambda message: None, lock=timedelta(seconds=3), **FAST)
+    with running(worker):
+        eventually(lambda: worker._running.locked())
+        with pytest.raises(RuntimeError, match="already running"):
+            worker.run()
+    for _ in range(3):
+        with running(worker):
+            eventually(lambda: worker._running.locked())
+    beating = [t for t in threading.enumerate() if t.name == "fairq-heartbeat"]
+    for thread in beating:
+        thread.join(5)  # each run's own quits within its interval
+    assert not any(t.is_alive() for t in beating)
+
+
+def test_heartbeats_go_on_while_handlers_hold_every_pooled_connection(dsn: str) -> None:
+    """A handler that does its work in a transaction of the queue's pool and settles the
+    message in it holds a connection throughout; with every pooled connection held,
+    heartbeats waited for the pool while the lock lapsed, and another worker ran the
+    message again. They go on a connection of their own."""
+    lock = timedelta(seconds=1)
+    with Queue(dsn, pool_size=1) as queue, psycopg.connect(dsn, autocommit=True) as watch:
+        sent = queue.send("tenant-a", b"x")
+        checked: list[bool] = []
+
+        def handler(message: Message[bytes]) -> None:
+            with queue.transaction() as tx:  # the pool's only connection
+                first = watch.execute("SELECT locked_until FROM fairq.message WHERE id = %s",
+                                      (message.id,)).fetchone()
+                assert first is not None
+                # Past the lock the dequeue gave: only heartbeats keep it.
+                eventually(lambda: watch.execute("SELECT clock_timestamp() > %s + interval"
+                                                 " '1 s'", first).fetchone() == (True,))
+                row = watch.execute("SELECT locked_until > clock_timestamp() FROM fairq.message"
+                                    " WHERE id = %s", (message.id,)).fetchone()
+                checked.append(row == (True,))
+                message.complete(conn=tx)
+
+        with running(Worker(queue, handler, lock=lock, **FAST)):
+            eventually(lambda: checked)
+            eventually(lambda: watch.execute("SELECT count(*) FROM fairq.message").fetchone() == (0,))
+    assert checked == [True]
+    assert sent.id is not None

@@ -333,17 +333,22 @@ def heartbeat(id_: int, num_attempts: int, lock: timedelta,
     while another transaction holds it (one settling the message), then fails with
     ``lock_not_available`` and changes nothing: ``lock_timeout`` is set for this
     statement's transaction first (a materialized CTE is scanned before the row it
-    feeds is projected)."""
+    feeds is projected), and set back as the answer is projected, after the heartbeat
+    ran: in a caller's transaction (``conn=``) the setting outlived the call, and every
+    later statement of that transaction waited for a lock no longer than 100 ms."""
     params = {"id": id_, "n": num_attempts, "lock_ms": milliseconds(lock)}
-    beat = ("SELECT fairq.message_heartbeat(p_id => %(id)s, p_num_attempts => %(n)s,"
+    beat = ("fairq.message_heartbeat(p_id => %(id)s, p_num_attempts => %(n)s,"
             " p_lock_ms => %(lock_ms)s)")
     if lock_wait is None:
-        return Call(beat, params, _settle_status, fenced=True)
+        return Call(f"SELECT {beat}", params, _settle_status, fenced=True)
     if lock_wait <= timedelta(0):
         raise ValueError(f"lock_wait must be positive, got {lock_wait}")
     return Call("WITH waiting AS MATERIALIZED"
-                " (SELECT set_config('lock_timeout', %(wait)s, true))"
-                f" {beat} FROM waiting",
+                " (SELECT current_setting('lock_timeout') AS before,"
+                "         set_config('lock_timeout', %(wait)s, true)),"
+                f" beat AS MATERIALIZED (SELECT {beat} AS status FROM waiting)"
+                " SELECT b.status, set_config('lock_timeout', w.before, true)"
+                " FROM beat b CROSS JOIN waiting w",
                 {**params, "wait": f"{milliseconds(lock_wait)}ms"}, _settle_status, fenced=True)
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "Wakeups",
     "after_failure",
     "delivery",
+    "describe",
     "driver_not_ticked",
     "parse_event",
     "queue_name",
@@ -390,11 +391,22 @@ SUCCESS = Settlement(SettleStatus.COMPLETED)
 HAND_BACK = Settlement(SettleStatus.DEFERRED)
 
 
+def describe(exc: BaseException) -> str:
+    """``Type: message`` for a dead letter's error and the log. An exception whose
+    ``str()`` itself raises is described by its type: formatting it raised inside the
+    worker, the message was never settled, and it came back at every lock expiry, past
+    ``max_attempts``, for ever."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return f"{type(exc).__name__} (its message could not be read)"
+
+
 def after_failure(message: ReceivedMessage[Any], exc: BaseException,
                   options: Options) -> Settlement:
     """A handler raised: dead-letter on the last allowed attempt, else defer with
     back-off (``num_attempts`` is kept: it is the fencing token)."""
-    error = f"{type(exc).__name__}: {exc}"
+    error = describe(exc)
     if options.max_attempts is not None and message.num_attempts >= options.max_attempts:
         log.error("message %s failed on attempt %s of %s, giving up: %s", message.id,
                   message.num_attempts, options.max_attempts, error, exc_info=exc)

@@ -100,8 +100,11 @@ class AsyncWorker(Generic[T]):
     async def run(self) -> None:
         """Works until ``stop()`` (or SIGTERM/SIGINT when the loop runs in the main thread).
         A worker may be run again once it has returned; a ``stop()`` before ``run()``
-        makes it return at once."""
+        makes it return at once. A second run() while one runs raises RuntimeError (the
+        two took each other's messages, past ``concurrency``)."""
         loop = asyncio.get_running_loop()
+        if self._loop is not None:
+            raise RuntimeError("this worker is already running")
         self._loop = loop
         # Bound to this loop on first use; a worker may be run again in another one.
         self._wake = asyncio.Event()
@@ -300,21 +303,34 @@ class AsyncWorker(Generic[T]):
             self._wake.set()
 
     async def _heartbeat_loop(self) -> None:
+        """Heartbeats, on a connection of their own, as Worker's (worker.py says why)."""
         interval = self.options.heartbeat_interval.total_seconds()
-        while True:
-            await asyncio.sleep(interval)
-            for message, _ in list(self._running.values()):
-                try:
-                    status = await self.queue.heartbeat(message, self.options.lock,
-                                                     lock_wait=_work.HEARTBEAT_LOCK_WAIT)
-                except psycopg.errors.LockNotAvailable:
-                    _work.report_heartbeat_held(message)
-                    continue
-                except psycopg.Error:
-                    log.warning("message %s: heartbeat failed", message.id, exc_info=True)
-                    continue
-                if _work.delivery(message) in self._running:  # else settled meanwhile
-                    _work.report_heartbeat(message, status)
+        conn: psycopg.AsyncConnection[Any] | None = None
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                for message, _ in list(self._running.values()):
+                    try:
+                        if conn is None and self.queue.conninfo is not None:
+                            conn = await psycopg.AsyncConnection.connect(
+                                with_connection_defaults(self.queue.conninfo), autocommit=True)
+                        status = await self.queue.heartbeat(message, self.options.lock,
+                                                            lock_wait=_work.HEARTBEAT_LOCK_WAIT,
+                                                            conn=conn)
+                    except psycopg.errors.LockNotAvailable:
+                        _work.report_heartbeat_held(message)
+                        continue
+                    except psycopg.Error:
+                        log.warning("message %s: heartbeat failed", message.id, exc_info=True)
+                        if conn is not None and conn.broken:
+                            await conn.close()
+                            conn = None  # connected again for the next
+                        continue
+                    if _work.delivery(message) in self._running:  # else settled meanwhile
+                        _work.report_heartbeat(message, status)
+        finally:
+            if conn is not None:
+                await conn.close()
 
     # -- stopping -------------------------------------------------------------------
 

@@ -2,6 +2,11 @@
 
 - Each message is locked for ``lock`` and heartbeated every ``lock / 3`` while its
   handler runs, so a short lock (fast recovery after a crash) is safe for long jobs.
+  Heartbeats go on a connection of their own (opened from the queue's conninfo, kept
+  for the run; the queue's pool where the conninfo is not known): handlers that each
+  hold a pooled connection for their work (a transaction that settles the message
+  with it) left them waiting for the pool while the locks lapsed, and another worker
+  ran the messages again.
 - A handler that returns completes the message; one that raises defers it with
   exponential back-off and jitter (the attempt count is kept, it is the fencing
   token), and after ``max_attempts`` deliveries fails it into the dead letters.
@@ -77,7 +82,7 @@ class Worker(Generic[T]):
             if listen and queue.conninfo is not None else None)
         self._doorbell_conn: psycopg.Connection[Any] | None = None
         self._stopping = threading.Event()
-        self._finished = threading.Event()  # run() is over: background threads quit
+        self._running = threading.Lock()  # held by run(): one at a time
         self._wake = threading.Event()
         self._in_flight: dict[tuple[int, int], Message[T]] = {}  # by _work.delivery
         self._in_flight_changed = threading.Condition()
@@ -96,27 +101,40 @@ class Worker(Generic[T]):
     def run(self) -> None:
         """Works until ``stop()`` (or SIGTERM/SIGINT when called from the main thread).
         A worker may be run again once it has returned; a ``stop()`` before ``run()``
-        makes it return at once."""
-        self._finished.clear()
+        makes it return at once. A second run() while one runs raises RuntimeError (the
+        two took each other's messages, past ``concurrency``)."""
+        if not self._running.acquire(blocking=False):
+            raise RuntimeError("this worker is already running")
+        try:
+            self._run()
+        finally:
+            self._running.release()
+
+    def _run(self) -> None:
+        # Set when this run is over: its background threads quit. One per run: a
+        # heartbeat thread in the middle of a round when run() returned missed a flag
+        # shared by every run (the next run() cleared it), and went on beside that
+        # run's own.
+        finished = threading.Event()
         restore = self._install_signal_handlers()
         todo = self._todo = stdqueue.SimpleQueue()
         threads = [threading.Thread(target=self._handler_loop, args=(todo,), daemon=True,
                                     name=f"fairq-handler-{i}")
                    for i in range(self.options.concurrency)]
-        threads.append(threading.Thread(target=self._heartbeat_loop, daemon=True,
-                                        name="fairq-heartbeat"))
+        threads.append(threading.Thread(target=self._heartbeat_loop, args=(finished,),
+                                        daemon=True, name="fairq-heartbeat"))
         if self.options.listen and self.queue.conninfo is None:
             log.warning("the queue's pool computes its conninfo: no LISTEN, polling only")
         elif self.options.listen:
-            threads.append(threading.Thread(target=self._listen_loop, daemon=True,
-                                            name="fairq-listen"))
+            threads.append(threading.Thread(target=self._listen_loop, args=(finished,),
+                                            daemon=True, name="fairq-listen"))
         for thread in threads:
             thread.start()
         try:
             self._dequeue_loop()
             self._drain()
         finally:
-            self._finished.set()
+            finished.set()
             for thread in threads:
                 if thread.name.startswith("fairq-handler"):
                     todo.put(None)
@@ -234,21 +252,21 @@ class Worker(Generic[T]):
         self._wake.wait(max(0.0, timeout.total_seconds()))
         self._wake.clear()
 
-    def _listen_loop(self) -> None:
+    def _listen_loop(self, finished: threading.Event) -> None:
         assert self.queue.conninfo is not None  # run() checked it
         conninfo = with_connection_defaults(self.queue.conninfo)
-        while not self._finished.is_set():
+        while not finished.is_set():
             try:
                 with psycopg.connect(conninfo, autocommit=True) as conn:
                     conn.execute("LISTEN fairq")
                     self._wake.set()  # anything sent before LISTEN took effect
-                    while not self._finished.is_set():
+                    while not finished.is_set():
                         for notify in conn.notifies(timeout=0.5):
                             if self._wakeups.heard(notify.payload, datetime.now(timezone.utc)):
                                 self._wake.set()
             except psycopg.Error:
                 log.warning("LISTEN connection lost; polling until it is back", exc_info=True)
-                self._finished.wait(self.options.poll_interval.total_seconds())
+                finished.wait(self.options.poll_interval.total_seconds())
 
     # -- doing work -----------------------------------------------------------------
 
@@ -290,25 +308,38 @@ class Worker(Generic[T]):
         if stopping:
             self.stop()
 
-    def _heartbeat_loop(self) -> None:
+    def _heartbeat_loop(self, finished: threading.Event) -> None:
+        """Heartbeats, on a connection of their own (this module's docstring says why)."""
         interval = self.options.heartbeat_interval.total_seconds()
-        while not self._finished.wait(interval):
-            with self._in_flight_changed:
-                running = list(self._in_flight.values())
-            for message in running:
-                try:
-                    status = self.queue.heartbeat(message, self.options.lock,
-                                               lock_wait=_work.HEARTBEAT_LOCK_WAIT)
-                except psycopg.errors.LockNotAvailable:
-                    _work.report_heartbeat_held(message)
-                    continue
-                except psycopg.Error:
-                    log.warning("message %s: heartbeat failed", message.id, exc_info=True)
-                    continue
-                with self._in_flight_changed:  # settled meanwhile: nothing was lost
-                    running_still = _work.delivery(message) in self._in_flight
-                if running_still:
-                    _work.report_heartbeat(message, status)
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            while not finished.wait(interval):
+                with self._in_flight_changed:
+                    running = list(self._in_flight.values())
+                for message in running:
+                    try:
+                        if conn is None and self.queue.conninfo is not None:
+                            conn = psycopg.connect(with_connection_defaults(self.queue.conninfo),
+                                                   autocommit=True)
+                        status = self.queue.heartbeat(message, self.options.lock,
+                                                      lock_wait=_work.HEARTBEAT_LOCK_WAIT,
+                                                      conn=conn)
+                    except psycopg.errors.LockNotAvailable:
+                        _work.report_heartbeat_held(message)
+                        continue
+                    except psycopg.Error:
+                        log.warning("message %s: heartbeat failed", message.id, exc_info=True)
+                        if conn is not None and conn.broken:
+                            conn.close()
+                            conn = None  # connected again for the next
+                        continue
+                    with self._in_flight_changed:  # settled meanwhile: nothing was lost
+                        running_still = _work.delivery(message) in self._in_flight
+                    if running_still:
+                        _work.report_heartbeat(message, status)
+        finally:
+            if conn is not None:
+                conn.close()
 
     # -- stopping -------------------------------------------------------------------
 
