@@ -42,6 +42,313 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION fairq.events_per_queue() FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION fairq.kept_pass(p_old_turn_at timestamptz, p_new_turn_at timestamptz,
+                                p_old_pass bigint, p_now timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_new_turn_at IS NOT DISTINCT FROM p_old_turn_at
+                     OR (p_old_turn_at IS NULL AND p_new_turn_at <= p_now)
+                THEN p_old_pass END
+$$;
+REVOKE ALL ON FUNCTION fairq.kept_pass(timestamptz, timestamptz, bigint, timestamptz) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION fairq.kept_join_pass(p_kept bigint, p_front bigint, p_back bigint, p_weight integer)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT LEAST(GREATEST(p_kept, p_front - 1000000 + fairq.turn_stride(p_weight)), p_back + 1)
+$$;
+REVOKE ALL ON FUNCTION fairq.kept_join_pass(bigint, bigint, bigint, integer) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION fairq.served_pass(p_turn_at timestamptz, p_served_turn_at timestamptz,
+                                  p_due_at timestamptz, p_now timestamptz,
+                                  p_turn_pass bigint, p_weight integer) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_served_turn_at = fairq.in_rotation()
+                     OR (p_turn_at = fairq.in_rotation() AND p_served_turn_at IS NULL
+                         AND p_due_at <= p_now)
+                THEN p_turn_pass + fairq.turn_stride(p_weight) END
+$$;
+REVOKE ALL ON FUNCTION fairq.served_pass(timestamptz, timestamptz, timestamptz, timestamptz, bigint, integer) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION fairq.channel_store(p_channel fairq.channel, p_now timestamptz, p_keep_turn boolean,
+                                    p_turn_seq bigint DEFAULT NULL)
+RETURNS fairq.channel
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_turn_at timestamptz := fairq.next_turn(
+        CASE WHEN p_keep_turn THEN p_channel.turn_at END, p_channel.due_at,
+        p_channel.last_release_at, p_channel.release_interval_ms,
+        p_channel.in_flight, p_channel.max_concurrency, p_channel.paused_until, p_now);
+BEGIN
+    -- (The keep-turn rule of fairq.kept_turn_seq, without taking a value for nothing.)
+    IF v_turn_at IS NULL OR NOT p_keep_turn OR v_turn_at IS DISTINCT FROM p_channel.turn_at THEN
+        -- A new turn is a time: the channel waits to join; at the back, unless it
+        -- keeps its place (fairq.kept_pass: full, or freed and servable now).
+        p_channel.turn_pass := CASE WHEN p_keep_turn
+                                    THEN fairq.kept_pass(p_channel.turn_at, v_turn_at,
+                                                         p_channel.turn_pass, p_now) END;
+        p_channel.turn_given_at := NULL;
+        p_channel.turn_seq := CASE WHEN v_turn_at IS NOT NULL
+                                   THEN coalesce(p_turn_seq, nextval('fairq.turn_seq')) END;
+    END IF;
+    p_channel.turn_at := v_turn_at;
+    UPDATE fairq.channel
+       SET in_flight = p_channel.in_flight,
+           last_release_at = p_channel.last_release_at,
+           due_at = p_channel.due_at,
+           turn_at = p_channel.turn_at,
+           turn_pass = p_channel.turn_pass,
+           turn_given_at = p_channel.turn_given_at,
+           turn_seq = p_channel.turn_seq,
+           idle_since = fairq.idle_since(p_channel.due_at, p_channel.idle_since, p_now)
+     WHERE id = p_channel.id;
+    RETURN p_channel;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fairq.join_rotation(p_queue_id integer, p_now timestamptz, p_limit integer,
+                                    p_serve_first boolean DEFAULT false,
+                                    OUT took boolean, OUT first_id bigint, OUT first_pass bigint,
+                                    OUT first_name text, OUT first_capped boolean)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_first_wake timestamptz;  -- the earliest due and woken time of the queue's wakes
+    v_waiting bigint[];
+    v_woken bigint[] := '{}';
+    v_folded fairq.folded_turn[];  -- the woken channels as their wakes leave them
+    v_joined bigint[];         -- waiting channels that the wakes let join
+    v_wanted integer;          -- places left
+    v_lone record;             -- the one channel joining, when it is one, and its place
+BEGIN
+    -- A woken channel's turn is never before its wake's due and woken time, so the
+    -- channels waiting since before the earliest wake's join ahead of every woken one:
+    -- those are locked at once (SKIP LOCKED: concurrent calls take different ones).
+    -- The next waiting channels are compared with the woken ones and locked only if
+    -- they come first (fairq.woken_to_take); any places still left go to the
+    -- waiting channels after them (their places, by turn, are theirs however late
+    -- they join).
+    -- (One statement: the earliest wake, read once, and the channels before it.)
+    SELECT f.wake_at,
+           ARRAY(SELECT c.id FROM fairq.channel c
+                  WHERE c.queue_id = p_queue_id
+                    AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
+                    AND c.turn_at < coalesce(f.wake_at, 'infinity')
+                  ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                  LIMIT p_limit
+                    FOR NO KEY UPDATE SKIP LOCKED)
+      INTO v_first_wake, v_waiting
+      FROM (SELECT (SELECT GREATEST(w.due_at, w.woken_at) FROM fairq.channel_wake w
+                     WHERE w.queue_id = p_queue_id
+                     ORDER BY GREATEST(w.due_at, w.woken_at), w.turn_seq LIMIT 1) AS wake_at
+            OFFSET 0) f;
+    IF v_first_wake IS NOT NULL AND cardinality(v_waiting) < p_limit THEN
+        SELECT w.taken, w.waiting, w.wanted INTO v_woken, v_joined, v_wanted
+          FROM fairq.woken_to_take(p_queue_id, p_now, p_limit - cardinality(v_waiting),
+                                   ARRAY(SELECT c.id FROM fairq.channel c
+                                          WHERE c.queue_id = p_queue_id
+                                            AND c.turn_at >= v_first_wake AND c.turn_at <= p_now
+                                          ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                                          LIMIT p_limit - cardinality(v_waiting))) AS w;
+        v_waiting := v_waiting || v_joined;
+        IF v_wanted > 0 THEN
+            v_waiting := v_waiting || ARRAY(SELECT c.id FROM fairq.channel c
+                                             WHERE c.queue_id = p_queue_id
+                                               AND c.turn_at > fairq.in_rotation() AND c.turn_at <= p_now
+                                               AND c.id <> ALL (v_waiting || v_woken)
+                                             ORDER BY c.turn_at, c.turn_pass, c.turn_seq
+                                             LIMIT v_wanted
+                                               FOR NO KEY UPDATE SKIP LOCKED);
+        END IF;
+    END IF;
+    took := cardinality(v_woken) > 0 OR cardinality(v_waiting) > 0;
+    IF NOT took THEN
+        RETURN;
+    END IF;
+    IF cardinality(v_woken) > 0 THEN
+        v_folded := ARRAY(SELECT w FROM fairq.folded_wakes(v_woken) AS w);
+    END IF;
+    IF cardinality(v_woken) + cardinality(v_waiting) = 1 THEN
+        -- One channel joins, as in the sparse steady state: its place is found here
+        -- (channels_join's rule for one channel) and, unless it is served first, written
+        -- in a plain update rather than channels_join's statement for many.
+        -- A channel with a kept place (turns.sql) joins at fairq.kept_join_pass.
+        SELECT j.id, j.turn_at, j.name, j.capped,
+               CASE WHEN j.kept IS NOT NULL
+                    THEN fairq.kept_join_pass(j.kept, j.front_pass, j.back_pass, j.weight)
+                    ELSE coalesce(j.after_pass - 1, coalesce(j.back_pass, 0) + 1) END AS pass,
+               -- First: ahead of a channel that is itself first (on an equal pass the
+               -- channel already there goes first), or into an empty rotation. (So the
+               -- front is looked up only when it can decide.)
+               p_serve_first
+               AND CASE WHEN j.kept IS NOT NULL
+                        THEN j.front_pass IS NULL
+                             OR fairq.kept_join_pass(j.kept, j.front_pass, j.back_pass, j.weight) < j.front_pass
+                        WHEN j.after_pass IS NULL
+                        THEN j.back_pass IS NULL
+                        ELSE j.after_pass - 1 < (SELECT f.turn_pass
+                                                   FROM fairq.rotation_front(p_queue_id) AS f) END AS first
+          INTO v_lone
+          FROM (SELECT c.id, t.turn_at, c.name, c.max_attempts IS NOT NULL AS capped, t.kept, c.weight,
+                       a.turn_pass AS after_pass,
+                       CASE WHEN a.turn_pass IS NULL  -- (read only when needed)
+                            THEN (SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b) END AS back_pass,
+                       CASE WHEN t.kept IS NOT NULL
+                            THEN (SELECT f.turn_pass FROM fairq.rotation_front(p_queue_id) AS f) END AS front_pass
+                  FROM fairq.channel c
+                 CROSS JOIN LATERAL (SELECT CASE WHEN cardinality(v_woken) = 0 THEN c.turn_at
+                                                 ELSE (v_folded[1]).turn_at END AS turn_at,
+                                            CASE WHEN cardinality(v_woken) = 0 THEN c.turn_pass
+                                                 ELSE (v_folded[1]).turn_pass END AS kept) t
+                  LEFT JOIN LATERAL (SELECT a.turn_pass FROM fairq.rotation_after(p_queue_id, t.turn_at) AS a
+                                      WHERE t.kept IS NULL) a ON true
+                 WHERE c.id = coalesce(v_woken[1], v_waiting[1])
+                   AND t.turn_at > fairq.in_rotation() AND t.turn_at <= p_now  -- (a woken one may not be due)
+                OFFSET 0) j;  -- (its place found once, not once for each use)
+        IF v_lone.first THEN
+            first_id := v_lone.id;
+            first_pass := v_lone.pass;
+            first_name := v_lone.name;
+            first_capped := v_lone.capped;
+            RETURN;
+        ELSIF FOUND THEN
+            UPDATE fairq.channel c
+               SET due_at = CASE WHEN cardinality(v_woken) = 0 THEN c.due_at ELSE (v_folded[1]).due_at END,
+                   idle_since = NULL,  -- (it has work)
+                   turn_at = fairq.in_rotation(), turn_pass = v_lone.pass, turn_given_at = v_lone.turn_at,
+                   turn_seq = nextval('fairq.turn_seq')
+             WHERE c.id = v_lone.id;
+            RETURN;
+        END IF;
+    END IF;
+    PERFORM fairq.channels_join(v_woken, v_folded, v_waiting, p_queue_id, p_now, p_limit);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fairq.channels_join(p_woken bigint[], p_folded fairq.folded_turn[], p_waiting bigint[],
+                                    p_queue_id integer, p_now timestamptz, p_limit integer)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    -- (Each node of this statement's plan costs its start-up at every call, rows or
+    -- not, so it has as few as placing needs.)
+    WITH RECURSIVE ranked AS (  -- pos: the rank of each channel whose wait is over
+        SELECT h.*,
+               CASE WHEN h.waited
+                    THEN row_number() OVER (PARTITION BY h.waited
+                                            ORDER BY h.turn_at, h.turn_pass, h.turn_seq) END AS pos
+          FROM (SELECT h.*, h.turn_at > fairq.in_rotation() AND h.turn_at <= p_now AS waited
+                  FROM (SELECT c.id, false AS woken, c.due_at, c.turn_at, c.turn_seq,
+                               c.turn_pass, c.turn_given_at
+                          FROM fairq.channel c
+                         WHERE c.id = ANY (p_waiting) AND NOT c.id = ANY (p_woken)
+                        UNION ALL
+                        SELECT f.* FROM unnest(p_folded) AS f) h) h
+    ), joining AS MATERIALIZED (  -- (read once, not at each step of the recursion)
+        -- The turns of those that join, by rank, and the latest place given.
+        SELECT array_agg(r.turn_at ORDER BY r.pos) AS turn_ats,
+               (SELECT max(g.turn_given_at) FROM fairq.channel g
+                 WHERE g.queue_id = p_queue_id AND g.turn_at = fairq.in_rotation()) AS latest_given
+          FROM ranked r WHERE r.pos <= p_limit
+    ), after AS (
+        -- By rank: the first place given after each one's turn (rotation_after), when
+        -- some place was given later than that turn. Turns rise with rank, so a place
+        -- found for one is the next one's too while its turn is earlier than that
+        -- place was given; only then is it looked up again, from its own turn. (A
+        -- lookup per channel walked the same entries each time: under load, those of
+        -- the places served since, which only vacuum removes.) None found: none for
+        -- those after it either, and the recursion ends.
+        SELECT 0::bigint AS pos, '-infinity'::timestamptz AS given_at, NULL::bigint AS pass
+        UNION ALL
+        SELECT a.pos + 1, n.turn_given_at, n.turn_pass
+          FROM after a
+         CROSS JOIN joining j
+         CROSS JOIN LATERAL (
+               SELECT a.given_at, a.pass WHERE j.turn_ats[a.pos + 1] < a.given_at
+               UNION ALL
+               SELECT f.turn_given_at, f.turn_pass
+                 FROM fairq.rotation_after(p_queue_id, j.turn_ats[a.pos + 1]) AS f
+                WHERE j.turn_ats[a.pos + 1] >= a.given_at
+                  AND j.turn_ats[a.pos + 1] < j.latest_given) n(turn_given_at, turn_pass)
+         WHERE a.pos < cardinality(j.turn_ats)
+    ), placed AS (
+        SELECT p.*, count(*) FILTER (WHERE p.joins AND p.next_pass IS NULL AND p.turn_pass IS NULL)
+                        OVER (ORDER BY p.pos) AS back_rank
+          FROM (SELECT h.*, (h.pos <= p_limit) IS TRUE AS joins,
+                       CASE WHEN h.pos <= p_limit THEN nextval('fairq.turn_seq') END AS joined_seq,
+                       CASE WHEN h.pos <= p_limit THEN n.passes[h.pos] END AS next_pass
+                  FROM (SELECT * FROM ranked ORDER BY pos OFFSET 0) h
+                 CROSS JOIN (SELECT array_agg(a.pass ORDER BY a.pos) FILTER (WHERE a.pos > 0) AS passes
+                               FROM after a) n) p
+    )
+    UPDATE fairq.channel c
+       SET due_at = p.due_at,
+           idle_since = CASE WHEN NOT p.woken THEN c.idle_since END,  -- a wake brings a due time
+           turn_at = CASE WHEN p.joins THEN fairq.in_rotation() ELSE p.turn_at END,
+           turn_pass = CASE WHEN NOT p.joins THEN p.turn_pass
+                            WHEN p.turn_pass IS NOT NULL  -- a kept place
+                            THEN fairq.kept_join_pass(
+                                     p.turn_pass, (SELECT f.turn_pass FROM fairq.rotation_front(p_queue_id) AS f),
+                                     (SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b), c.weight)
+                            -- (An empty rotation starts anywhere: passes are only
+                            -- compared within it.)
+                            ELSE coalesce(p.next_pass - 1,
+                                          coalesce((SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b), 0)
+                                          + p.back_rank) END,
+           turn_given_at = CASE WHEN p.joins THEN p.turn_at ELSE p.turn_given_at END,
+           turn_seq = coalesce(p.joined_seq, p.turn_seq)
+      FROM placed p
+     WHERE c.id = ANY (p_woken || p_waiting) AND c.id = p.id
+       AND (p.woken OR p.joins);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fairq.folded_wakes(p_channel_ids bigint[]) RETURNS SETOF fairq.folded_turn
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- (Every step below is a scan, a sort or a window over the rows before it, never a
+    -- lookup of one CTE per row of another: that made a fold of 100 channels cost
+    -- 10,000 row visits.)
+    RETURN QUERY
+    WITH held AS (
+        -- (Each channel looked up once, by id: planned while the table was small, a
+        -- join with the table read every channel to find the woken ones, and a lookup
+        -- per wake reads a channel as often as it has wakes.)
+        SELECT c.* FROM (SELECT DISTINCT u.id FROM unnest(p_channel_ids) AS u(id)) u
+         CROSS JOIN LATERAL (SELECT c.* FROM fairq.channel c WHERE c.id = u.id OFFSET 0) c
+    ), taken AS (
+        DELETE FROM fairq.channel_wake w WHERE w.channel_id = ANY (p_channel_ids)
+        RETURNING w.channel_id, w.due_at, w.woken_at, w.turn_seq
+    ), folded AS (  -- each wake's turn, applied after the ones queued before it
+        SELECT t.channel_id, t.turn_seq, f.due_at,
+               fairq.next_turn(NULL, f.due_at, c.last_release_at, c.release_interval_ms,
+                               c.in_flight, c.max_concurrency, c.paused_until, t.woken_at) AS turn_at
+          FROM (SELECT t.*, min(t.due_at) OVER (PARTITION BY t.channel_id ORDER BY t.turn_seq) AS due_so_far
+                  FROM taken t) t
+          JOIN held c ON c.id = t.channel_id
+         CROSS JOIN LATERAL (SELECT LEAST(c.due_at, t.due_so_far) AS due_at) f
+    ), woken AS (  -- per channel: the earliest turn, the earliest due time
+        SELECT DISTINCT ON (f.channel_id) f.channel_id, f.turn_at, f.turn_seq,
+               min(f.due_at) OVER (PARTITION BY f.channel_id) AS due_at
+          FROM folded f
+         ORDER BY f.channel_id, f.turn_at NULLS LAST, f.turn_seq
+    )
+    SELECT c.id, w.channel_id IS NOT NULL, coalesce(w.due_at, c.due_at), n.turn_at,
+           fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq),
+           fairq.kept_pass(c.turn_at, n.turn_at, c.turn_pass, NULL),  -- (a wake frees no slot)
+           fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at)
+      FROM held c
+      LEFT JOIN woken w ON w.channel_id = c.id
+     CROSS JOIN LATERAL (SELECT LEAST(c.turn_at, w.turn_at) AS turn_at) n;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION fairq.channel_store_policy(p_channel fairq.channel, p_now timestamptz) RETURNS void
 LANGUAGE plpgsql
 AS $$
@@ -681,11 +988,12 @@ BEGIN
                    -- first still carries from before its wake.)
                    idle_since = fairq.idle_since(n.due_at, NULL, v_now),
                    turn_at = n.turn_at,
-                   turn_pass = fairq.served_turn_pass(n.turn_at, CASE WHEN c.id = v_first_id THEN v_first_pass
-                                                                      ELSE c.turn_pass END, c.weight),
+                   turn_pass = fairq.served_pass(n.was_turn_at, n.turn_at, n.due_at, v_now,
+                                                 CASE WHEN c.id = v_first_id THEN v_first_pass
+                                                      ELSE c.turn_pass END, c.weight),
                    turn_given_at = CASE WHEN n.turn_at = fairq.in_rotation() THEN v_now END,
                    turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL, n.turn_seq)
-              FROM (SELECT x.row_ctid, x.due_at, x.turn_seq,
+              FROM (SELECT x.row_ctid, x.due_at, x.turn_seq, x.turn_at AS was_turn_at,
                            fairq.served_turn_at(x.turn_at, x.next_turn, v_now) AS turn_at
                       FROM (SELECT k.ctid AS row_ctid, s.due_at, k.turn_at, s.turn_seq,
                                    fairq.next_turn(NULL, s.due_at, v_now, k.release_interval_ms,
@@ -830,7 +1138,7 @@ BEGIN
         UPDATE fairq.channel c
            SET in_flight = c.in_flight - g.n,
                turn_at = g.turn_at,  -- the keep-turn rule (turns.sql)
-               turn_pass = fairq.kept_place(c.turn_at, g.turn_at, c.turn_pass),
+               turn_pass = fairq.kept_pass(c.turn_at, g.turn_at, c.turn_pass, v_now),
                turn_given_at = fairq.kept_place(c.turn_at, g.turn_at, c.turn_given_at),
                turn_seq = fairq.kept_turn_seq(c.turn_at, g.turn_at, c.turn_seq, nextval('fairq.turn_seq'))
           FROM (SELECT k.id AS channel_id, d.n,
@@ -944,10 +1252,18 @@ AS $$
         (CASE WHEN t.turn_at > fairq.in_rotation()
                    AND t.turn_at < t.last_release_at + fairq.ms(t.release_interval_ms)
               THEN 'next turn comes before the release interval has passed' END),
-        (CASE WHEN (t.turn_at = fairq.in_rotation()) <> (t.turn_pass IS NOT NULL)
+        (CASE WHEN (t.turn_at = fairq.in_rotation() AND t.turn_pass IS NULL)
                    OR (t.turn_at = fairq.in_rotation()) <> (t.turn_given_at IS NOT NULL)
-              THEN format('turn_pass %s and turn_given_at %s do not match turn_at %s: only a channel in the rotation has them',
+              THEN format('turn_pass %s and turn_given_at %s do not match turn_at %s: a channel in the rotation has both, and no other a turn_given_at',
                           t.turn_pass, t.turn_given_at, t.turn_at) END),
+        -- A kept place (turns.sql): outside the rotation only a channel full with work
+        -- due, or freed and servable now, keeps a pass.
+        (CASE WHEN t.turn_pass IS NOT NULL AND t.turn_at IS DISTINCT FROM fairq.in_rotation()
+                   AND NOT coalesce(CASE WHEN t.turn_at IS NULL
+                                         THEN t.due_at <= t.now AND t.in_flight >= t.max_concurrency
+                                         ELSE t.turn_at <= t.now END, false)
+              THEN format('turn_pass %s kept outside the rotation with turn_at %s, due_at %s, in_flight %s and max_concurrency %s: only a channel full with work due, or freed and servable now, keeps its place',
+                          t.turn_pass, t.turn_at, t.due_at, t.in_flight, t.max_concurrency) END),
         (CASE WHEN t.turn_at > fairq.in_rotation() AND t.turn_at < t.paused_until
               THEN format('next turn %s comes before the pause ends (%s)', t.turn_at, t.paused_until) END),
         (CASE WHEN t.turn_at = fairq.in_rotation() AND t.paused_until > t.now
@@ -1135,3 +1451,5 @@ COMMENT ON FUNCTION fairq.revoke_worker(regrole) IS
 
 COMMENT ON FUNCTION fairq.revoke_observer(regrole) IS
     'Takes back what fairq.grant_observer gave the role (USAGE on the schema stays: another grant may need it).';
+
+DROP FUNCTION fairq.served_turn_pass(timestamptz, bigint, integer);

@@ -428,7 +428,7 @@ BEGIN
     )
     SELECT c.id, w.channel_id IS NOT NULL, coalesce(w.due_at, c.due_at), n.turn_at,
            fairq.kept_turn_seq(c.turn_at, n.turn_at, c.turn_seq, w.turn_seq),
-           fairq.kept_place(c.turn_at, n.turn_at, c.turn_pass),
+           fairq.kept_pass(c.turn_at, n.turn_at, c.turn_pass, NULL),  -- (a wake frees no slot)
            fairq.kept_place(c.turn_at, n.turn_at, c.turn_given_at)
       FROM held c
       LEFT JOIN woken w ON w.channel_id = c.id

@@ -37,7 +37,8 @@
 --   4. Give each served channel its next turn: while it may be served again at once
 --      it stays in the rotation, moved on by its stride (1,000,000 / weight); else it
 --      waits (until now + release_interval_ms, its next message's due time, its
---      pause's end, or a freed slot when full) and then joins again at the back. A
+--      pause's end, or a freed slot when full) and then joins again at the back
+--      (but a channel full with work due keeps its place: turns.sql). A
 --      channel that had nothing to hand out gets its turn recomputed (a cancelled
 --      head; one that another transaction holds puts the channel off a while:
 --      fairq.channel_retire).
@@ -498,11 +499,12 @@ BEGIN
                    -- first still carries from before its wake.)
                    idle_since = fairq.idle_since(n.due_at, NULL, v_now),
                    turn_at = n.turn_at,
-                   turn_pass = fairq.served_turn_pass(n.turn_at, CASE WHEN c.id = v_first_id THEN v_first_pass
-                                                                      ELSE c.turn_pass END, c.weight),
+                   turn_pass = fairq.served_pass(n.was_turn_at, n.turn_at, n.due_at, v_now,
+                                                 CASE WHEN c.id = v_first_id THEN v_first_pass
+                                                      ELSE c.turn_pass END, c.weight),
                    turn_given_at = CASE WHEN n.turn_at = fairq.in_rotation() THEN v_now END,
                    turn_seq = fairq.kept_turn_seq(NULL, n.turn_at, NULL, n.turn_seq)
-              FROM (SELECT x.row_ctid, x.due_at, x.turn_seq,
+              FROM (SELECT x.row_ctid, x.due_at, x.turn_seq, x.turn_at AS was_turn_at,
                            fairq.served_turn_at(x.turn_at, x.next_turn, v_now) AS turn_at
                       FROM (SELECT k.ctid AS row_ctid, s.due_at, k.turn_at, s.turn_seq,
                                    fairq.next_turn(NULL, s.due_at, v_now, k.release_interval_ms,

@@ -166,10 +166,18 @@ AS $$
         (CASE WHEN t.turn_at > fairq.in_rotation()
                    AND t.turn_at < t.last_release_at + fairq.ms(t.release_interval_ms)
               THEN 'next turn comes before the release interval has passed' END),
-        (CASE WHEN (t.turn_at = fairq.in_rotation()) <> (t.turn_pass IS NOT NULL)
+        (CASE WHEN (t.turn_at = fairq.in_rotation() AND t.turn_pass IS NULL)
                    OR (t.turn_at = fairq.in_rotation()) <> (t.turn_given_at IS NOT NULL)
-              THEN format('turn_pass %s and turn_given_at %s do not match turn_at %s: only a channel in the rotation has them',
+              THEN format('turn_pass %s and turn_given_at %s do not match turn_at %s: a channel in the rotation has both, and no other a turn_given_at',
                           t.turn_pass, t.turn_given_at, t.turn_at) END),
+        -- A kept place (turns.sql): outside the rotation only a channel full with work
+        -- due, or freed and servable now, keeps a pass.
+        (CASE WHEN t.turn_pass IS NOT NULL AND t.turn_at IS DISTINCT FROM fairq.in_rotation()
+                   AND NOT coalesce(CASE WHEN t.turn_at IS NULL
+                                         THEN t.due_at <= t.now AND t.in_flight >= t.max_concurrency
+                                         ELSE t.turn_at <= t.now END, false)
+              THEN format('turn_pass %s kept outside the rotation with turn_at %s, due_at %s, in_flight %s and max_concurrency %s: only a channel full with work due, or freed and servable now, keeps its place',
+                          t.turn_pass, t.turn_at, t.due_at, t.in_flight, t.max_concurrency) END),
         (CASE WHEN t.turn_at > fairq.in_rotation() AND t.turn_at < t.paused_until
               THEN format('next turn %s comes before the pause ends (%s)', t.turn_at, t.paused_until) END),
         (CASE WHEN t.turn_at = fairq.in_rotation() AND t.paused_until > t.now

@@ -148,7 +148,7 @@ BEGIN
         UPDATE fairq.channel c
            SET in_flight = c.in_flight - g.n,
                turn_at = g.turn_at,  -- the keep-turn rule (turns.sql)
-               turn_pass = fairq.kept_place(c.turn_at, g.turn_at, c.turn_pass),
+               turn_pass = fairq.kept_pass(c.turn_at, g.turn_at, c.turn_pass, v_now),
                turn_given_at = fairq.kept_place(c.turn_at, g.turn_at, c.turn_given_at),
                turn_seq = fairq.kept_turn_seq(c.turn_at, g.turn_at, c.turn_seq, nextval('fairq.turn_seq'))
           FROM (SELECT k.id AS channel_id, d.n,

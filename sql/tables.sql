@@ -17,7 +17,9 @@
 --   * channel.turn_at is NULL when the channel cannot be served (nothing pending or
 --     at max_concurrency); '-infinity' when it is in its queue's rotation (ordered
 --     by turn_pass, then turn_seq); else the time from which it may be served (see
---     turns.sql for the whole rule);
+--     turns.sql for the whole rule). Outside the rotation turn_pass is NULL but for
+--     a kept place: a channel full with work due, or freed from that and servable
+--     now, keeps its pass (turns.sql, since 0.7.37);
 --   * channel.idle_since is NULL exactly when due_at is not: since when the channel
 --     has had nothing pending;
 --   * channel_size exists exactly for channels with a max_size; its size plus its

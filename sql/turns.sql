@@ -28,11 +28,23 @@
 --     and still servable at once; anything that makes it wait (rate limit, a future
 --     message, a pause, a full channel) takes it out, and it joins again at the
 --     back once the wait is over;
+--   * except a full one (since 0.7.37): a channel served from the rotation that
+--     reaches its max_concurrency with work due keeps its pass, moved on by its
+--     stride, while turn_at is NULL (a kept place: turn_pass without turn_at), and
+--     keeps it when a freed slot makes it servable at once (turn_at a time, at most
+--     now, with turn_pass). It then joins at fairq.kept_join_pass: its kept pass,
+--     but no more than one round of its weight behind the front (a channel full
+--     for an hour does not burst ahead) and never behind the back (where any other
+--     wait joins). Its weight so holds when its cap is reached between dequeues (a
+--     weight-5 channel with max_concurrency 1 whose worker completes before it
+--     dequeues again takes 5 turns in 6, not 1 in 2). Anything else that makes it
+--     wait (a slot freed but a rate limit, pause or future message left, a new
+--     policy or pause, nothing due) drops the kept pass: it joins at the back;
 --   * keep-turn rule (fairq.channel_store with p_keep_turn, wakes, completions): a
 --     change that makes a channel *more* eligible never moves it later: a channel in
 --     the rotation keeps its place, a waiting one keeps the earlier time. turn_seq
 --     and turn_pass change only when turn_at does (fairq.kept_turn_seq,
---     fairq.kept_place).
+--     fairq.kept_place), but for a kept place (fairq.kept_pass).
 
 -- The turn_at of a channel in its queue's rotation.
 CREATE FUNCTION fairq.in_rotation() RETURNS timestamptz
@@ -82,6 +94,31 @@ CREATE FUNCTION fairq.kept_place(p_old_turn_at timestamptz, p_new_turn_at timest
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT CASE WHEN p_new_turn_at = p_old_turn_at THEN p_old_value END $$;
 
+-- The keep-turn rule for turn_pass: kept while turn_at does not move (in the
+-- rotation), and a full channel's kept place (turn_pass without turn_at) is kept
+-- while it stays full (turn_at still NULL) and when a freed slot makes it servable
+-- by p_now (a turn at most p_now: the channel waited only for the slot). Else none.
+-- (p_now NULL: the slot is not what changed.)
+CREATE FUNCTION fairq.kept_pass(p_old_turn_at timestamptz, p_new_turn_at timestamptz,
+                                p_old_pass bigint, p_now timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_new_turn_at IS NOT DISTINCT FROM p_old_turn_at
+                     OR (p_old_turn_at IS NULL AND p_new_turn_at <= p_now)
+                THEN p_old_pass END
+$$;
+
+-- The pass at which a channel joins the rotation whose front and back passes are
+-- p_front and p_back (NULL: empty) with its kept place p_kept (turns.sql): that
+-- pass, but at most one round of its weight behind the front and never behind the
+-- back (one past the highest pass, as any other channel joining at the back).
+CREATE FUNCTION fairq.kept_join_pass(p_kept bigint, p_front bigint, p_back bigint, p_weight integer)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT LEAST(GREATEST(p_kept, p_front - 1000000 + fairq.turn_stride(p_weight)), p_back + 1)
+$$;
+
 -- A served channel's next turn: it stays in the rotation, moved on by its stride,
 -- when it was there and may be served again at once (p_next_turn, from next_turn
 -- without p_turn_at, is now); else it waits for p_next_turn.
@@ -93,11 +130,17 @@ AS $$
                 THEN fairq.in_rotation() ELSE p_next_turn END
 $$;
 
-CREATE FUNCTION fairq.served_turn_pass(p_served_turn_at timestamptz, p_turn_pass bigint,
-                                       p_weight integer) RETURNS bigint
+-- Its pass: moved on by its stride while it stays in the rotation, and kept so as
+-- its kept place when it was served from the rotation (p_turn_at) and is now full
+-- (p_served_turn_at NULL) with work due by p_now (p_due_at).
+CREATE FUNCTION fairq.served_pass(p_turn_at timestamptz, p_served_turn_at timestamptz,
+                                  p_due_at timestamptz, p_now timestamptz,
+                                  p_turn_pass bigint, p_weight integer) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT CASE WHEN p_served_turn_at = fairq.in_rotation()
+                     OR (p_turn_at = fairq.in_rotation() AND p_served_turn_at IS NULL
+                         AND p_due_at <= p_now)
                 THEN p_turn_pass + fairq.turn_stride(p_weight) END
 $$;
 
@@ -126,7 +169,11 @@ DECLARE
 BEGIN
     -- (The keep-turn rule of fairq.kept_turn_seq, without taking a value for nothing.)
     IF v_turn_at IS NULL OR NOT p_keep_turn OR v_turn_at IS DISTINCT FROM p_channel.turn_at THEN
-        p_channel.turn_pass := NULL;  -- a new turn is a time: the channel waits to join
+        -- A new turn is a time: the channel waits to join; at the back, unless it
+        -- keeps its place (fairq.kept_pass: full, or freed and servable now).
+        p_channel.turn_pass := CASE WHEN p_keep_turn
+                                    THEN fairq.kept_pass(p_channel.turn_at, v_turn_at,
+                                                         p_channel.turn_pass, p_now) END;
         p_channel.turn_given_at := NULL;
         p_channel.turn_seq := CASE WHEN v_turn_at IS NOT NULL
                                    THEN coalesce(p_turn_seq, nextval('fairq.turn_seq')) END;
@@ -271,25 +318,36 @@ BEGIN
         -- One channel joins, as in the sparse steady state: its place is found here
         -- (channels_join's rule for one channel) and, unless it is served first, written
         -- in a plain update rather than channels_join's statement for many.
+        -- A channel with a kept place (turns.sql) joins at fairq.kept_join_pass.
         SELECT j.id, j.turn_at, j.name, j.capped,
-               coalesce(j.after_pass - 1, coalesce(j.back_pass, 0) + 1) AS pass,
+               CASE WHEN j.kept IS NOT NULL
+                    THEN fairq.kept_join_pass(j.kept, j.front_pass, j.back_pass, j.weight)
+                    ELSE coalesce(j.after_pass - 1, coalesce(j.back_pass, 0) + 1) END AS pass,
                -- First: ahead of a channel that is itself first (on an equal pass the
                -- channel already there goes first), or into an empty rotation. (So the
                -- front is looked up only when it can decide.)
                p_serve_first
-               AND CASE WHEN j.after_pass IS NULL
+               AND CASE WHEN j.kept IS NOT NULL
+                        THEN j.front_pass IS NULL
+                             OR fairq.kept_join_pass(j.kept, j.front_pass, j.back_pass, j.weight) < j.front_pass
+                        WHEN j.after_pass IS NULL
                         THEN j.back_pass IS NULL
                         ELSE j.after_pass - 1 < (SELECT f.turn_pass
                                                    FROM fairq.rotation_front(p_queue_id) AS f) END AS first
           INTO v_lone
-          FROM (SELECT c.id, t.turn_at, c.name, c.max_attempts IS NOT NULL AS capped,
+          FROM (SELECT c.id, t.turn_at, c.name, c.max_attempts IS NOT NULL AS capped, t.kept, c.weight,
                        a.turn_pass AS after_pass,
                        CASE WHEN a.turn_pass IS NULL  -- (read only when needed)
-                            THEN (SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b) END AS back_pass
+                            THEN (SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b) END AS back_pass,
+                       CASE WHEN t.kept IS NOT NULL
+                            THEN (SELECT f.turn_pass FROM fairq.rotation_front(p_queue_id) AS f) END AS front_pass
                   FROM fairq.channel c
                  CROSS JOIN LATERAL (SELECT CASE WHEN cardinality(v_woken) = 0 THEN c.turn_at
-                                                 ELSE (v_folded[1]).turn_at END AS turn_at) t
-                  LEFT JOIN fairq.rotation_after(p_queue_id, t.turn_at) AS a ON true
+                                                 ELSE (v_folded[1]).turn_at END AS turn_at,
+                                            CASE WHEN cardinality(v_woken) = 0 THEN c.turn_pass
+                                                 ELSE (v_folded[1]).turn_pass END AS kept) t
+                  LEFT JOIN LATERAL (SELECT a.turn_pass FROM fairq.rotation_after(p_queue_id, t.turn_at) AS a
+                                      WHERE t.kept IS NULL) a ON true
                  WHERE c.id = coalesce(v_woken[1], v_waiting[1])
                    AND t.turn_at > fairq.in_rotation() AND t.turn_at <= p_now  -- (a woken one may not be due)
                 OFFSET 0) j;  -- (its place found once, not once for each use)
@@ -321,7 +379,8 @@ $$;
 --     wait is over by p_now join the rotation, each just ahead of the first channel
 --     given its place after its wait ended (its pass less one), or else at the back
 --     (one past the highest pass), whatever its weight: the weight counts from its
---     first turn on. Those that join are given their places at their turn times.
+--     first turn on; one with a kept place (turns.sql) at fairq.kept_join_pass.
+--     Those that join are given their places at their turn times.
 -- A woken channel that joins is so written once, not once for its wakes and once
 -- for its place.
 CREATE FUNCTION fairq.channels_join(p_woken bigint[], p_folded fairq.folded_turn[], p_waiting bigint[],
@@ -372,7 +431,8 @@ BEGIN
                   AND j.turn_ats[a.pos + 1] < j.latest_given) n(turn_given_at, turn_pass)
          WHERE a.pos < cardinality(j.turn_ats)
     ), placed AS (
-        SELECT p.*, count(*) FILTER (WHERE p.joins AND p.next_pass IS NULL) OVER (ORDER BY p.pos) AS back_rank
+        SELECT p.*, count(*) FILTER (WHERE p.joins AND p.next_pass IS NULL AND p.turn_pass IS NULL)
+                        OVER (ORDER BY p.pos) AS back_rank
           FROM (SELECT h.*, (h.pos <= p_limit) IS TRUE AS joins,
                        CASE WHEN h.pos <= p_limit THEN nextval('fairq.turn_seq') END AS joined_seq,
                        CASE WHEN h.pos <= p_limit THEN n.passes[h.pos] END AS next_pass
@@ -385,6 +445,10 @@ BEGIN
            idle_since = CASE WHEN NOT p.woken THEN c.idle_since END,  -- a wake brings a due time
            turn_at = CASE WHEN p.joins THEN fairq.in_rotation() ELSE p.turn_at END,
            turn_pass = CASE WHEN NOT p.joins THEN p.turn_pass
+                            WHEN p.turn_pass IS NOT NULL  -- a kept place
+                            THEN fairq.kept_join_pass(
+                                     p.turn_pass, (SELECT f.turn_pass FROM fairq.rotation_front(p_queue_id) AS f),
+                                     (SELECT b.turn_pass FROM fairq.rotation_back(p_queue_id) AS b), c.weight)
                             -- (An empty rotation starts anywhere: passes are only
                             -- compared within it.)
                             ELSE coalesce(p.next_pass - 1,

@@ -199,6 +199,15 @@ class Model:
         return least(turn_at, greatest(ch.due_at, now, ch.paused_until,
                                        plus(ch.last_release_at, ch.release_interval)))
 
+    @staticmethod
+    def kept_pass(old: T | None, new: T | None, turn_pass: int | None, now: T | None) -> int | None:
+        """fairq.kept_pass: a pass is kept while the turn does not move, and a kept
+        place (a full channel's pass, turn None) also when a freed slot makes the
+        channel servable by now."""
+        if new == old or (old is None and new is not None and now is not None and new <= now):
+            return turn_pass
+        return None
+
     def channel_store(self, ch: Channel, now: T, keep_turn: bool) -> None:
         turn = self.next_turn(ch.turn_at if keep_turn else None, ch, now)
         if turn is None:
@@ -206,7 +215,9 @@ class Model:
         elif not keep_turn or turn != ch.turn_at:
             ch.turn_seq = self.next_seq()
         if turn is None or turn != ch.turn_at or not keep_turn:
-            ch.turn_pass = None  # a new turn is a time: the channel waits to join
+            # A new turn is a time: the channel waits to join; at the back unless it
+            # keeps its place (full, or freed and servable now).
+            ch.turn_pass = self.kept_pass(ch.turn_at, turn, ch.turn_pass, now) if keep_turn else None
             ch.turn_given_at = None
         ch.turn_at = turn
         ch.woken = False  # written: any wake is folded in
@@ -214,12 +225,16 @@ class Model:
     @staticmethod
     def turn_key(ch: Channel) -> tuple[T, int, int]:
         assert ch.turn_at is not None and ch.turn_seq is not None
-        return (ch.turn_at, ch.turn_pass or 0, ch.turn_seq)
+        # (A NULL pass sorts last, as in channel_turn_ix: a waiting channel has one
+        # only when it keeps its place.)
+        return (ch.turn_at, ch.turn_pass if ch.turn_pass is not None else 10**18, ch.turn_seq)
 
     def join_rotation(self, queue: str, now: T, limit: int) -> None:
         """The ``limit`` channels whose wait ended earliest join the rotation, each just
         ahead of the first channel given its place after its wait ended, or else at
-        the back (one past the highest pass)."""
+        the back (one past the highest pass); one that kept its place (full, then
+        freed) at that pass, but no more than a round of its weight behind the front
+        and never behind the back (fairq.kept_join_pass)."""
         joining = sorted((c for c in self.channels.values()
                           if c.queue == queue and c.turn_at is not None
                           and IN_ROTATION < c.turn_at <= now), key=self.turn_key)[:limit]
@@ -228,12 +243,21 @@ class Model:
         rotation = [c for c in self.channels.values()
                     if c.queue == queue and c.turn_at == IN_ROTATION]
         back = max((r.turn_pass or 0) for r in rotation) if rotation else 0
+        front0 = min((r.turn_pass or 0) for r in rotation) if rotation else None
+        back0 = back if rotation else None
         for ch in joining:
             assert ch.turn_at is not None
             later = [r for r in rotation if r.turn_given_at is not None
                      and r.turn_given_at > ch.turn_at]
             after = min(later, key=lambda r: (r.turn_given_at, r.turn_pass), default=None)
-            if after is not None and after.turn_pass is not None:
+            if ch.turn_pass is not None:  # a kept place
+                kept = ch.turn_pass
+                if front0 is not None:
+                    kept = max(kept, front0 - 1_000_000 + stride(ch.weight))
+                if back0 is not None:
+                    kept = min(kept, back0 + 1)
+                ch.turn_pass = kept
+            elif after is not None and after.turn_pass is not None:
                 ch.turn_pass = after.turn_pass - 1
             else:
                 back += 1
@@ -480,6 +504,12 @@ class Model:
             assert ch.turn_pass is not None
             ch.turn_pass += stride(ch.weight)
             ch.turn_given_at = now
+        elif ch.turn_at == IN_ROTATION and turn is None:
+            # Full, with work due now: out of the rotation, its place kept (moved on).
+            assert ch.turn_pass is not None
+            ch.turn_at = None
+            ch.turn_pass += stride(ch.weight)
+            ch.turn_given_at = None
         else:
             ch.turn_at = turn
             ch.turn_pass = None
@@ -679,6 +709,13 @@ class Model:
                                                           if r.queue == c.queue),
                  coarse(c.turn_given_at))
                 for c in in_rotation),
+            # Kept places outside the rotation, as offsets from the front.
+            "kept": sorted(
+                (c.queue, c.name,
+                 None if not any(r.queue == c.queue for r in in_rotation)
+                 else c.turn_pass - min((r.turn_pass or 0) for r in in_rotation if r.queue == c.queue))
+                for c in self.channels.values()
+                if c.turn_pass is not None and c.turn_at != IN_ROTATION),
             "turn_order": [(c.queue, c.name) for c in sorted(
                 (c for c in self.channels.values() if c.turn_at is not None),
                 key=lambda c: (c.queue, *self.turn_key(c)))],

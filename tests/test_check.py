@@ -73,3 +73,26 @@ def test_a_bounded_channels_count_is_its_row_and_its_changes(conn: Conn) -> None
     assert sorted(problems(conn), key=str) == sorted([
         ("tenant-b", "channel_size_change rows for a channel without max_size"),
         (None, "1 channel_size_change rows belong to no channel")], key=str)
+
+
+def test_a_pass_kept_outside_the_rotation_is_only_a_full_or_freed_channels(conn: Conn) -> None:
+    """Since 0.7.37 a channel served full with work due keeps its pass outside the
+    rotation, and keeps it when a freed slot makes it servable at once (turns.sql):
+    check() accepts both, and reports a pass that any other channel outside the
+    rotation holds."""
+    conn.execute("SELECT fairq.channel_set('tenant-a', p_max_concurrency => 1)")
+    for _ in range(2):
+        create(conn, "tenant-a")
+    (held,) = dequeue(conn)
+    assert conn.execute("SELECT turn_at IS NULL, turn_pass IS NOT NULL FROM fairq.channel"
+                        " WHERE name = 'tenant-a'").fetchone() == (True, True)
+    assert problems(conn) == []
+    assert call(conn, "message_complete", held.id, held.num_attempts) == "completed"
+    assert conn.execute("SELECT turn_at <= fairq.clock(), turn_pass IS NOT NULL FROM fairq.channel"
+                        " WHERE name = 'tenant-a'").fetchone() == (True, True)
+    assert problems(conn) == []
+    conn.execute("UPDATE fairq.channel SET turn_at = fairq.clock() + interval '1 hour'"
+                 " WHERE name = 'tenant-a'")
+    (found,) = problems(conn)
+    assert found[0] == "tenant-a"
+    assert "kept outside the rotation" in found[1] and "keeps its place" in found[1]

@@ -85,6 +85,12 @@ DB_SNAPSHOT = {
               " c.turn_given_at"
               " FROM fairq.channel c JOIN fairq.queue q ON q.id = c.queue_id"
               " WHERE c.turn_at = '-infinity'",
+    # Channels that keep their place outside the rotation (turns.sql), with their pass
+    # as an offset from the rotation's front (none when the rotation is empty).
+    "kept": "SELECT q.name, c.name, c.turn_pass - (SELECT min(r.turn_pass) FROM fairq.channel r"
+            " WHERE r.queue_id = c.queue_id AND r.turn_at = '-infinity')"
+            " FROM fairq.channel c JOIN fairq.queue q ON q.id = c.queue_id"
+            " WHERE c.turn_pass IS NOT NULL AND c.turn_at IS DISTINCT FROM '-infinity'",
     "turn_order": "SELECT q.name, c.name FROM fairq.channel c JOIN fairq.queue q ON q.id = c.queue_id"
                   " WHERE turn_at IS NOT NULL ORDER BY q.name, turn_at, turn_pass, turn_seq",
     # (A bounded channel's count: its row plus the changes no producer has folded yet.)
