@@ -336,12 +336,8 @@ def test_json_does_not_follow_the_sessions_ignore_null_fields(spark: Any) -> Non
 def test_the_limits_rows_are_checked_against_are_fairqs(conn: psycopg.Connection[Any]) -> None:
     """fairq.spark leaves out, before sending, exactly the rows the SQL refuses: at
     the edges of each limit, row_problem and message_create_batch agree."""
-    from fairq.spark.messages import (
-        MAX_DEDUP_KEY_BYTES,
-        MAX_NAME_BYTES,
-        name_problem,
-        row_problem,
-    )
+    from fairq._sql import MAX_NAME_BYTES, name_problem
+    from fairq.spark.messages import MAX_DEDUP_KEY_BYTES, row_problem
 
     edges = [("é" * (MAX_NAME_BYTES // 2), b"x", None), ("c" * MAX_NAME_BYTES, b"x", None),
              ("c" * (MAX_NAME_BYTES + 1), b"x", None), ("", b"x", None), (None, b"x", None),

@@ -54,18 +54,35 @@ BIGINT = range(-2**63, 2**63)
 MAX_DURATION = timedelta(milliseconds=315_360_000_000)
 
 
+#: fairq's limit on names (channels and queues), in bytes of UTF-8 (sql/validate.sql;
+#: tests/test_spark.py checks it against the SQL at the edges).
+MAX_NAME_BYTES = 255
+
+
+def name_problem(name: str | None) -> str | None:
+    """Why fairq refuses ``name`` as a channel's or a queue's, or None: the SQL's rule
+    (fairq.require_channel_name: non-empty, at most MAX_NAME_BYTES), and no NUL, which
+    PostgreSQL's text cannot hold."""
+    if name is None:
+        return "is NULL"
+    size = len(name.encode())  # (a lone surrogate raises UnicodeEncodeError, a ValueError)
+    if not 0 < size <= MAX_NAME_BYTES:
+        return f"must be non-empty text of at most {MAX_NAME_BYTES} bytes, got {size} bytes"
+    if "\x00" in name:
+        return "holds a NUL character (PostgreSQL text cannot)"
+    return None
+
+
 def require_channel(channel: str, name: str) -> None:
-    """Raises unless ``channel`` is a channel name the SQL takes (fairq.require_channel_name:
-    non-empty, at most 255 bytes) and PostgreSQL's text can hold (no NUL). For values
-    checked long before they reach the SQL, such as a schedule's channel, whose every
-    tick would fail."""
+    """Raises unless ``channel`` is a channel name fairq takes (:func:`name_problem`),
+    for values checked long before they reach the SQL, such as a schedule's channel,
+    whose every tick would fail."""
     if not isinstance(channel, str):
         raise TypeError(f"{name} must be a str, got {type(channel).__name__}")
-    size = len(channel.encode())  # (a lone surrogate raises UnicodeEncodeError, a ValueError)
-    if not 1 <= size <= 255:
-        raise ValueError(f"{name} must be non-empty text of at most 255 bytes, got {size} bytes")
-    if "\x00" in channel:
-        raise ValueError(f"{name} must not contain NUL (PostgreSQL's text cannot), got {channel!r}")
+    problem = name_problem(channel)
+    if problem is not None:
+        raise ValueError(f"{name} {problem}")
+
 
 # Columns of fairq.message_dequeue, in the order ReceivedMessage takes them.
 DEQUEUED_COLUMNS = "id, channel, content, state, num_attempts, priority, dequeue_at, recovered"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fairq import _pools
 from fairq._source import with_connection_defaults
+from fairq._sql import name_problem
 from fairq.queue import Queue
 from fairq.types import CreateStatus, NewMessage
 
@@ -33,22 +34,9 @@ class InvalidRows(enum.Enum):
     SKIP = "skip"  # the row is left out, counted as invalid and logged
 
 
-#: fairq's limits on names (channels and queues) and dedup keys, in bytes of UTF-8
-#: (sql/validate.sql; tests/test_spark.py checks them against the SQL at the edges).
-MAX_NAME_BYTES = 255
+#: fairq's limit on dedup keys, in bytes of UTF-8 (sql/validate.sql; tests/test_spark.py
+#: checks it against the SQL at the edges). Names: fairq._sql.MAX_NAME_BYTES.
 MAX_DEDUP_KEY_BYTES = 1024
-
-
-def name_problem(name: str | None) -> str | None:
-    """Why fairq refuses ``name`` as a channel's or a queue's, or None."""
-    if name is None:
-        return "is NULL"
-    size = len(name.encode())
-    if not 0 < size <= MAX_NAME_BYTES:
-        return f"must be non-empty text of at most {MAX_NAME_BYTES} bytes, got {size} bytes"
-    if "\x00" in name:
-        return "holds a NUL character (PostgreSQL text cannot)"
-    return None
 
 
 def row_problem(row: Sequence[Any]) -> str | None:
