@@ -699,11 +699,15 @@ def test_heartbeats_go_on_while_handlers_hold_every_pooled_connection(dsn: str) 
                 first = watch.execute("SELECT locked_until FROM fairq.message WHERE id = %s",
                                       (message.id,)).fetchone()
                 assert first is not None
-                # Past the lock the dequeue gave: only heartbeats keep it.
-                eventually(lambda: watch.execute("SELECT clock_timestamp() > %s + interval"
-                                                 " '1 s'", first).fetchone() == (True,))
-                row = watch.execute("SELECT locked_until > clock_timestamp() FROM fairq.message"
-                                    " WHERE id = %s", (message.id,)).fetchone()
+                # A heartbeat extends the lock while this holds the pool (by progress: the
+                # 20 s are a failure net, heartbeats come every lock / 3). Before, none
+                # could come until the handler let go, and the lock lapsed.
+                deadline = time.monotonic() + 20
+                row = None
+                while time.monotonic() < deadline and row != (True,):
+                    time.sleep(0.05)
+                    row = watch.execute("SELECT locked_until > %s FROM fairq.message WHERE id = %s",
+                                        (first[0], message.id)).fetchone()
                 checked.append(row == (True,))
                 message.complete(conn=tx)
 
