@@ -279,6 +279,42 @@ def test_work_that_outlives_the_grace_period_is_handed_back_and_cancelled(hdsn: 
     asyncio.run(scenario())
 
 
+def _awaiting(task: asyncio.Task[Any]) -> set[str]:
+    """The coroutines ``task`` is suspended in, by name."""
+    names = set()
+    awaited: Any = task.get_coro()
+    while awaited is not None:
+        code = getattr(awaited, "cr_code", None)
+        if code is not None:
+            names.add(code.co_name)
+        awaited = getattr(awaited, "cr_await", None)
+    return names
+
+
+def test_stop_now_ends_the_grace_period(hdsn: str) -> None:
+    """stop(now=True) after stop() hands back what still runs at once (a second
+    SIGTERM/SIGINT does this), rather than after a grace period of an hour."""
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send("t", b"job")
+            handler = Endless()
+            worker = AsyncWorker(queue, handler, lock=timedelta(seconds=30),
+                                 grace_period=timedelta(hours=1),
+                                 poll_interval=FAST["poll_interval"])
+            task = asyncio.create_task(worker.run())
+            await asyncio.wait_for(handler.started.wait(), TIMEOUT)
+            worker.stop()
+            # (Once run() waits in its drain for the handler: the wait is what ends.)
+            await until(lambda: "_drain" in _awaiting(task))
+            worker.stop(now=True)
+            await asyncio.wait_for(task, 30)
+            assert handler.cancelled.is_set()
+            [msg] = await queue.dequeue(timedelta(seconds=30))
+            assert (msg.id, msg.num_attempts, msg.recovered) == (sent.id, 2, False)
+            assert await completions(hdsn) == []
+    asyncio.run(scenario())
+
+
 def test_stop_is_prompt_with_the_database_out_of_reach(
         dsn: str, caplog: pytest.LogCaptureFixture) -> None:
     """As tests/test_worker.py's twin: with the database gone, stop() waited for the
@@ -835,6 +871,31 @@ def test_fairq_worker_runs_a_coroutine_handler_and_stops_on_sigterm(hdsn: str,
         left = {r[0] for r in conn.execute("SELECT id FROM fairq.message")}
     assert done == in_flight
     assert left == set(ids) - in_flight
+
+
+def test_fairq_worker_hands_back_coroutines_on_a_second_sigint(hdsn: str,
+                                                             tmp_path: Path) -> None:
+    with Queue(hdsn) as setup:
+        sent = setup.send("t", b"120")  # never released: it outlives any grace period
+    proc = _worker_process(hdsn, tmp_path, "--lock", "30", "--grace", "600",
+                           handler="worker_handlers:gated_async")
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not _marks(tmp_path, "started"):
+            assert time.monotonic() < deadline and proc.poll() is None, _log(tmp_path)
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        while "received SIGINT: stopping" not in _log(tmp_path):
+            assert time.monotonic() < deadline and proc.poll() is None, _log(tmp_path)
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, _log(tmp_path)
+    finally:
+        proc.kill()
+    assert "received SIGINT again" in _log(tmp_path)
+    with Queue(hdsn) as check:
+        [msg] = check.dequeue(timedelta(seconds=30))
+    assert (msg.id, msg.num_attempts, msg.recovered) == (sent.id, 2, False)
 
 
 def test_run_refuses_a_second_run_at_once(dsn: str) -> None:

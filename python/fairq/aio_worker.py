@@ -72,8 +72,10 @@ class AsyncWorker(Generic[T]):
             if listen and queue.conninfo is not None else None)
         self._doorbell_conn: psycopg.AsyncConnection[Any] | None = None
         self._stopping = False
+        self._stopping_now = False  # the grace period is over
         self._loop: asyncio.AbstractEventLoop | None = None  # while run() runs
         self._wake = asyncio.Event()
+        self._grace_over = asyncio.Event()  # set with _stopping_now
         # by _work.delivery
         self._running: dict[tuple[int, int], tuple[AsyncMessage[T], asyncio.Task[None]]] = {}
         # The deliveries handed back by the worker (by _drain, whose tasks it cancels,
@@ -84,18 +86,23 @@ class AsyncWorker(Generic[T]):
 
     # -- control --------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Stops taking work; ``run()`` returns once in-flight work is settled. It may
+    def stop(self, *, now: bool = False) -> None:
+        """Stops taking work; ``run()`` returns once in-flight work is settled, or handed
+        back when ``grace_period`` is over. With ``now``, the grace period is over at
+        once: what still runs is handed back (as a second SIGTERM/SIGINT does). It may
         be called from any thread."""
         loop = self._loop
         if loop is None or _running_loop() is loop:
-            self._request_stop()
+            self._request_stop(now)
         else:
-            loop.call_soon_threadsafe(self._request_stop)
+            loop.call_soon_threadsafe(self._request_stop, now)
 
-    def _request_stop(self) -> None:
+    def _request_stop(self, now: bool) -> None:
         self._stopping = True
         self._wake.set()
+        if now:
+            self._stopping_now = True
+            self._grace_over.set()
 
     async def run(self) -> None:
         """Works until ``stop()`` (or SIGTERM/SIGINT when the loop runs in the main thread).
@@ -108,8 +115,11 @@ class AsyncWorker(Generic[T]):
         self._loop = loop
         # Bound to this loop on first use; a worker may be run again in another one.
         self._wake = asyncio.Event()
+        self._grace_over = asyncio.Event()
         if self._stopping:
             self._wake.set()
+        if self._stopping_now:
+            self._grace_over.set()
         leave = _signals.join(loop, self)
         background = [asyncio.create_task(self._heartbeat_loop(), name="fairq-heartbeat")]
         if self.options.listen and self.queue.conninfo is None:
@@ -141,10 +151,15 @@ class AsyncWorker(Generic[T]):
             if self._doorbell is not None:
                 self._doorbell.lost()
             self._stopping = False  # (0.7.26 kept it: a second run() returned at once)
+            self._stopping_now = False
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        log.info("received %s: stopping", sig.name)
-        self.stop()
+        # The first asks for a graceful stop; a second one (an operator's second
+        # Ctrl-C) is impatience: what still runs goes back to the queue now.
+        again = self._stopping
+        log.info("received %s%s", sig.name,
+                 " again: handing back what still runs" if again else ": stopping")
+        self.stop(now=again)
 
     # -- taking work ----------------------------------------------------------------
 
@@ -335,11 +350,21 @@ class AsyncWorker(Generic[T]):
     # -- stopping -------------------------------------------------------------------
 
     async def _drain(self, grace: timedelta) -> None:
-        """Waits up to ``grace`` for handlers, then hands back what still runs and
-        cancels its task (its outcome no longer counts: the message is not ours)."""
+        """Waits up to ``grace`` for handlers (less, if ``stop(now=True)`` ends it), then
+        hands back what still runs and cancels its task (its outcome no longer counts:
+        the message is not ours)."""
         tasks = [task for _, task in self._running.values()]
-        if tasks and grace > timedelta(0):
-            await asyncio.wait(tasks, timeout=grace.total_seconds())
+        if tasks and grace > timedelta(0) and not self._grace_over.is_set():
+            # (Neither wait cancels what it waits for: the handlers run on, and are
+            # cancelled below only once their messages are back.)
+            finished = asyncio.ensure_future(asyncio.wait(tasks))
+            grace_over = asyncio.ensure_future(self._grace_over.wait())
+            try:
+                await asyncio.wait((finished, grace_over), timeout=grace.total_seconds(),
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                finished.cancel()
+                grace_over.cancel()
         left = list(self._running.values())
         # (Not those _process hands back itself: its task was cancelled from outside.)
         back = [message for message, _ in left

@@ -261,7 +261,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="deliveries before the worker buries a failing message (default"
                           " 5; none: leave it to the channel's max_attempts)")
     sub.add_argument("--grace", type=_arguments.seconds, default=timedelta(seconds=30),
-                     help="seconds in-flight handlers get to finish on SIGTERM")
+                     help="seconds in-flight handlers get to finish on SIGTERM"
+                          " (a second signal ends it at once)")
     sub.add_argument("--poll", type=_arguments.seconds, default=timedelta(seconds=5),
                      help="seconds between polls when no notification arrives")
 

@@ -19,6 +19,7 @@
 - ``stop()`` (or SIGTERM/SIGINT while ``run()`` is in the main thread) stops taking
   work; handlers get ``grace_period`` to finish, then what is still running is
   deferred so another worker picks it up at once instead of after its lock expires.
+  ``stop(now=True)`` (or a second signal) ends the grace period at once.
 - Drivers of periodic schedules (channel ``fairq.periodic``) are handled here, not by
   the handler: see :mod:`fairq.periodic`.
 
@@ -82,6 +83,7 @@ class Worker(Generic[T]):
             if listen and queue.conninfo is not None else None)
         self._doorbell_conn: psycopg.Connection[Any] | None = None
         self._stopping = threading.Event()
+        self._stopping_now = threading.Event()  # the grace period is over
         self._running = threading.Lock()  # held by run(): one at a time
         self._wake = threading.Event()
         self._in_flight: dict[tuple[int, int], Message[T]] = {}  # by _work.delivery
@@ -93,9 +95,15 @@ class Worker(Generic[T]):
 
     # -- control --------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Stops taking work; ``run()`` returns once in-flight work is settled."""
+    def stop(self, *, now: bool = False) -> None:
+        """Stops taking work; ``run()`` returns once in-flight work is settled, or handed
+        back when ``grace_period`` is over. With ``now``, the grace period is over at
+        once: what still runs is handed back (as a second SIGTERM/SIGINT does)."""
         self._stopping.set()
+        if now:
+            self._stopping_now.set()
+            with self._in_flight_changed:  # (an RLock: a signal handler may take it)
+                self._in_flight_changed.notify_all()
         self._wake.set()
 
     def run(self) -> None:
@@ -149,14 +157,19 @@ class Worker(Generic[T]):
                 if thread.name == "fairq-listen":
                     thread.join()
             self._stopping.clear()  # (0.7.26 kept it: a second run() returned at once)
+            self._stopping_now.clear()
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            log.info("received %s: stopping", signal.Signals(signum).name)
-            self.stop()
+            # The first asks for a graceful stop; a second one (an operator's second
+            # Ctrl-C) is impatience: what still runs goes back to the queue now.
+            again = self._stopping.is_set()
+            log.info("received %s%s", signal.Signals(signum).name,
+                     " again: handing back what still runs" if again else ": stopping")
+            self.stop(now=again)
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 
@@ -349,7 +362,8 @@ class Worker(Generic[T]):
         first that gets none leaves the rest to their locks' expiry."""
         deadline = time.monotonic() + self.options.grace_period.total_seconds()
         with self._in_flight_changed:
-            while self._in_flight and time.monotonic() < deadline:
+            while (self._in_flight and not self._stopping_now.is_set()
+                   and time.monotonic() < deadline):
                 self._in_flight_changed.wait(deadline - time.monotonic())
             left = list(self._in_flight.values())
             # No longer this worker's: not heartbeated, not started if still waiting
