@@ -46,6 +46,15 @@ BEGIN
     IF p_shift_ms IS NULL THEN
         RAISE EXCEPTION 'p_shift_ms must not be NULL' USING ERRCODE = '22004';
     END IF;
+    -- A shift the clock cannot take is refused naming it: one past what an interval
+    -- holds failed in the statement that rewrites fairq.clock() (22015), one past
+    -- PostgreSQL's timestamps in the reading of the clock below (22008).
+    BEGIN
+        PERFORM clock_timestamp() + fairq.ms(p_shift_ms);
+    EXCEPTION WHEN datetime_field_overflow OR interval_field_overflow THEN
+        RAISE EXCEPTION 'p_shift_ms must keep the clock within PostgreSQL''s timestamps'
+                        ' (4713 BC to 294276 AD), got %', p_shift_ms USING ERRCODE = '22023';
+    END;
     -- (The shift in milliseconds, as text the interval type reads the same way
     -- whatever the session's IntervalStyle.)
     EXECUTE format('CREATE OR REPLACE FUNCTION fairq.clock() RETURNS timestamptz LANGUAGE sql VOLATILE AS %L',

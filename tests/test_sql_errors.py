@@ -298,6 +298,17 @@ CASES: dict[str, Case] = {
     "revoke_worker: NULL role": Case("SELECT fairq.revoke_worker(NULL)", NOT_NULL, "p_role"),
     "revoke_observer: NULL role": Case("SELECT fairq.revoke_observer(NULL)", NOT_NULL, "p_role"),
     "revoke_worker: no such role": Case("SELECT fairq.revoke_worker(99999::regrole)", NO_SUCH_ROLE, "p_role"),
+    # clock_travel (owner only): a shift past PostgreSQL's intervals failed with 22015,
+    # one past its timestamps with 22008, neither naming the argument
+    "clock_travel: NULL shift": Case("SELECT fairq.clock_travel(NULL)", NOT_NULL, "p_shift_ms"),
+    "clock_travel: bigint max": Case(
+        "SELECT fairq.clock_travel('9223372036854775807'::bigint)", INVALID, "p_shift_ms"),
+    "clock_travel: bigint min": Case(
+        "SELECT fairq.clock_travel('-9223372036854775808'::bigint)", INVALID, "p_shift_ms"),
+    "clock_travel: past the last timestamp": Case(
+        "SELECT fairq.clock_travel(9300000000000000)", INVALID, "p_shift_ms"),
+    "clock_travel: before the first timestamp": Case(
+        "SELECT fairq.clock_travel(-9000000000000000)", INVALID, "p_shift_ms"),
 }
 
 
