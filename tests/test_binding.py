@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -22,6 +24,7 @@ from fairq import (
     CreateStatus,
     HistoryOutcome,
     JsonCodec,
+    Message,
     NewMessage,
     Queue,
     RetryStatus,
@@ -510,6 +513,50 @@ def test_a_queues_own_pool_connects_with_a_timeout_and_keepalives(dsn: str) -> N
 def test_a_count_past_the_sqls_integer_is_out_of_range(dsn: str) -> None:
     with Queue(dsn) as queue, pytest.raises(psycopg.errors.NumericValueOutOfRange):
         queue.dequeue(LOCK, 2**31)  # was "function fairq.message_dequeue(...) does not exist"
+
+
+# Every call that takes a message's id or token, given one past the SQL's bigint.
+PAST_BIGINT = 2**63
+CALLS_WITH_AN_ID: dict[str, Callable[[Queue[bytes], Message[bytes]], object]] = {
+    "cancel": lambda q, m: q.cancel(PAST_BIGINT),
+    "dead_letter_retry": lambda q, m: q.dead_letter_retry(PAST_BIGINT),
+    "dead_letter_delete": lambda q, m: q.dead_letter_delete(PAST_BIGINT),
+    "complete": lambda q, m: q.complete(replace(m, id=PAST_BIGINT)),
+    "complete_batch": lambda q, m: q.complete_batch([replace(m, id=PAST_BIGINT)]),
+    "defer": lambda q, m: q.defer(replace(m, id=PAST_BIGINT)),
+    "heartbeat": lambda q, m: q.heartbeat(replace(m, id=PAST_BIGINT), LOCK),
+    "fail": lambda q, m: q.fail(replace(m, id=PAST_BIGINT)),
+    "complete, token": lambda q, m: q.complete(replace(m, num_attempts=PAST_BIGINT)),
+    "defer, token": lambda q, m: q.defer(replace(m, num_attempts=PAST_BIGINT)),
+    "heartbeat, token": lambda q, m: q.heartbeat(replace(m, num_attempts=PAST_BIGINT), LOCK),
+    "fail, token": lambda q, m: q.fail(replace(m, num_attempts=PAST_BIGINT)),
+}
+
+
+@pytest.mark.parametrize("call", CALLS_WITH_AN_ID)
+def test_an_id_past_the_sqls_bigint_is_out_of_range(dsn: str, call: str) -> None:
+    """As a count past the integer is: sent uncast, such an int went as a numeric, and
+    the call failed with "function fairq.message_cancel(p_id => numeric) does not
+    exist" (42883). The message held stays held."""
+    with Queue(dsn) as queue:
+        queue.send("a", b"x")
+        [held] = queue.dequeue(LOCK)
+        with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+            CALLS_WITH_AN_ID[call](queue, held)
+        assert queue.complete(held) is SettleStatus.COMPLETED
+
+
+def test_a_lock_wait_past_what_lock_timeout_holds_is_refused_naming_it(dsn: str) -> None:
+    """lock_timeout holds at most 2^31 - 1 ms (about 24.8 days): a longer lock_wait
+    failed in set_config with 22023 naming lock_timeout, a setting the caller never
+    named."""
+    with Queue(dsn) as queue:
+        queue.send("a", b"x")
+        [held] = queue.dequeue(LOCK)
+        with pytest.raises(ValueError, match="lock_wait"):
+            queue.heartbeat(held, LOCK, lock_wait=timedelta(days=25))
+        longest = timedelta(milliseconds=2**31 - 1)
+        assert queue.heartbeat(held, LOCK, lock_wait=longest) is SettleStatus.HEARTBEATED
 
 
 def test_a_negative_duration_below_a_millisecond_is_refused(dsn: str) -> None:

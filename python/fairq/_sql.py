@@ -313,12 +313,17 @@ def doorbell_release(queue: str) -> Call[None]:
                 _none)
 
 
+# Ids and tokens are cast to bigint, as counts are to integer (dequeue): a Python int past
+# bigint went as a numeric, and the call failed with 42883, "function
+# fairq.message_cancel(p_id => numeric) does not exist", instead of the cast's 22003.
+
 def _settle_status(rows: list[Row]) -> SettleStatus:
     return SettleStatus(_scalar(rows))
 
 
 def complete(id_: int, num_attempts: int) -> Call[SettleStatus]:
-    return Call("SELECT fairq.message_complete(p_id => %(id)s, p_num_attempts => %(n)s)",
+    return Call("SELECT fairq.message_complete(p_id => %(id)s::bigint,"
+                " p_num_attempts => %(n)s::bigint)",
                 {"id": id_, "n": num_attempts}, _settle_status, fenced=True)
 
 
@@ -335,13 +340,17 @@ def defer(id_: int, num_attempts: int, *, dequeue_at: datetime | None, delay: ti
           state: bytes | None) -> Call[SettleStatus]:
     require_one_due_time(dequeue_at, delay)
     return Call(
-        "SELECT fairq.message_defer(p_id => %(id)s, p_num_attempts => %(n)s,"
+        "SELECT fairq.message_defer(p_id => %(id)s::bigint, p_num_attempts => %(n)s::bigint,"
         " p_dequeue_at => coalesce(%(dequeue_at)s::timestamptz,"
         "                          clock_timestamp() + %(delay)s::interval),"
         " p_state => %(state)s::bytea)",
         {"id": id_, "n": num_attempts, "dequeue_at": dequeue_at, "delay": delay,
          "state": state},
         _settle_status, fenced=True)
+
+
+#: The longest lock_timeout PostgreSQL takes, in milliseconds (about 24.8 days).
+LONGEST_LOCK_TIMEOUT_MS = 2**31 - 1
 
 
 def heartbeat(id_: int, num_attempts: int, lock: timedelta,
@@ -354,12 +363,16 @@ def heartbeat(id_: int, num_attempts: int, lock: timedelta,
     ran: in a caller's transaction (``conn=``) the setting outlived the call, and every
     later statement of that transaction waited for a lock no longer than 100 ms."""
     params = {"id": id_, "n": num_attempts, "lock_ms": milliseconds(lock)}
-    beat = ("fairq.message_heartbeat(p_id => %(id)s, p_num_attempts => %(n)s,"
+    beat = ("fairq.message_heartbeat(p_id => %(id)s::bigint, p_num_attempts => %(n)s::bigint,"
             " p_lock_ms => %(lock_ms)s)")
     if lock_wait is None:
         return Call(f"SELECT {beat}", params, _settle_status, fenced=True)
     if lock_wait <= timedelta(0):
         raise ValueError(f"lock_wait must be positive, got {lock_wait}")
+    if milliseconds(lock_wait) > LONGEST_LOCK_TIMEOUT_MS:
+        # (set_config refused it naming lock_timeout, a setting the caller never named.)
+        raise ValueError(f"lock_wait must be at most {LONGEST_LOCK_TIMEOUT_MS} ms"
+                         f" (what lock_timeout holds), got {lock_wait}")
     return Call("WITH waiting AS MATERIALIZED"
                 " (SELECT current_setting('lock_timeout') AS before,"
                 "         set_config('lock_timeout', %(wait)s, true)),"
@@ -371,13 +384,13 @@ def heartbeat(id_: int, num_attempts: int, lock: timedelta,
 
 def fail(id_: int, num_attempts: int, error: str | None) -> Call[SettleStatus]:
     return Call(
-        "SELECT fairq.message_fail(p_id => %(id)s, p_num_attempts => %(n)s,"
+        "SELECT fairq.message_fail(p_id => %(id)s::bigint, p_num_attempts => %(n)s::bigint,"
         " p_error => %(error)s::text)",
         {"id": id_, "n": num_attempts, "error": error}, _settle_status, fenced=True)
 
 
 def cancel(id_: int) -> Call[CancelStatus]:
-    return Call("SELECT fairq.message_cancel(p_id => %(id)s)", {"id": id_},
+    return Call("SELECT fairq.message_cancel(p_id => %(id)s::bigint)", {"id": id_},
                 lambda rows: CancelStatus(_scalar(rows)))
 
 
@@ -394,12 +407,12 @@ def dead_letters(channel: str | None, limit: int, *, queue: str) -> Call[list[De
 
 
 def dead_letter_retry(id_: int) -> Call[RetryStatus]:
-    return Call("SELECT fairq.dead_letter_retry(p_id => %(id)s)", {"id": id_},
+    return Call("SELECT fairq.dead_letter_retry(p_id => %(id)s::bigint)", {"id": id_},
                 lambda rows: RetryStatus(_scalar(rows)))
 
 
 def dead_letter_delete(id_: int) -> Call[DeleteStatus]:
-    return Call("SELECT fairq.dead_letter_delete(p_id => %(id)s)", {"id": id_},
+    return Call("SELECT fairq.dead_letter_delete(p_id => %(id)s::bigint)", {"id": id_},
                 lambda rows: DeleteStatus(_scalar(rows)))
 
 
