@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -357,3 +358,51 @@ def test_threads_still_running_get_one_grace_together_and_are_reported() -> None
         stuck.join(0, grace=2.0)
     assert time.monotonic() - started < 5.0  # one grace (2 s), not three (6 s)
     never.set()
+
+
+def _interrupt_when(dsn: str, sql: str) -> threading.Thread:
+    """Ctrl-C for the main thread (a real SIGINT, as a terminal sends) as soon as ``sql``
+    returns true: by the run's progress, not after some time."""
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def watch() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            deadline = time.monotonic() + 60  # a failure net only
+            while conn.execute(sql).fetchone() != (True,):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
+# Under way: messages are being created (the sequence is not reset between runs).
+UNDER_WAY = "SELECT last_value >= 500 FROM fairq.message_id_seq"
+
+
+@pytest.mark.parametrize(("scenario", "progress"), [
+    ("soak", UNDER_WAY),  # the soak's producer and consumer threads
+    ("depth", UNDER_WAY),  # a bulk load's threads
+    # The fairness scenario's light producer and its consumers.
+    ("fairness", "SELECT EXISTS (SELECT FROM fairq.channel WHERE name LIKE 'light-%')"),
+], ids=["soak", "load", "fairness"])
+def test_an_interrupted_run_stops_its_threads_before_emptying_the_database(
+        dsn: str, scenario: str, progress: str) -> None:
+    """Ctrl-C during a run on --dsn: the bench empties the database on its way out, but
+    its threads went on creating messages after that (until the process exited), and
+    the next run refused the database as holding fairq data."""
+    sizes = dataclasses.replace(bench.TINY, soak_messages=1_000_000, soak_max_s=120.0,
+                                depth_levels=(1_000_000,), load_chunk=100, fair_phase_s=120.0)
+    before = set(threading.enumerate())
+    watcher = _interrupt_when(dsn, progress)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run(dsn, sizes, log=lambda line: None, scenarios=(scenario,))
+    watcher.join(10)
+    left = [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert left == [], "threads of the run still working on the database"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM fairq.message").fetchone() == (0,)
+    prepare_database(dsn)  # the next run accepts the database

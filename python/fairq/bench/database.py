@@ -170,9 +170,13 @@ def load(dsn: str, channel_of: Callable[[int], str], total: int, sizes: Sizes,
     begun = time.monotonic()
     last_report = [begun]
 
+    threads = Threads()
+
     def worker(index: int) -> None:
         with connect(dsn) as conn:
             for start, end in chunks[index::sizes.load_workers]:
+                if threads.stop.is_set():  # the run was interrupted
+                    return
                 channels = [channel_of(i) for i in range(start, end)]
                 conn.execute(
                     "SELECT count(*) FROM fairq.message_create_batch(%s::text[], %s::bytea[],"
@@ -185,7 +189,6 @@ def load(dsn: str, channel_of: Callable[[int], str], total: int, sizes: Sizes,
                         log(f"  loading {label}: {done[0]:,}/{total:,} "
                             f"({done[0] / (now - begun):,.0f} rows/s)")
 
-    threads = Threads()
     for index in range(min(sizes.load_workers, len(chunks))):
         threads.start(worker, index)
     threads.join()

@@ -82,18 +82,20 @@ def light_phase(dsn: str, sizes: Sizes) -> tuple[Deliveries, int, list[float]]:
     sent = [0]
     consumers = Threads()
     producer = Threads()
-    for _ in range(sizes.fair_consumers):
-        consumers.start(_consume, dsn, consumers.stop, out)
-    producer.start(_light_producer, dsn, sizes, producer.stop, sizes.fair_phase_s, sent)
-    producer.join(sizes.fair_phase_s + 60)
-    # Let the last light messages through, then stop.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if sum(1 for r in out.rows if r[1].startswith("light-")) >= sent[0]:
-            break
-        time.sleep(0.05)
-    consumers.stop.set()
-    consumers.join(60)
+    # (An interrupt stops both: see Threads.__exit__.)
+    with consumers, producer:
+        for _ in range(sizes.fair_consumers):
+            consumers.start(_consume, dsn, consumers.stop, out)
+        producer.start(_light_producer, dsn, sizes, producer.stop, sizes.fair_phase_s, sent)
+        producer.join(sizes.fair_phase_s + 60)
+        # Let the last light messages through, then stop.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if sum(1 for r in out.rows if r[1].startswith("light-")) >= sent[0]:
+                break
+            time.sleep(0.05)
+        consumers.stop.set()
+        consumers.join(60)
     with connect(dsn) as conn:
         unserved = [float(w) for (w,) in conn.execute(UNSERVED_LIGHT_WAITS)]
     return out, sent[0], unserved
@@ -142,12 +144,12 @@ def fairness_scenario(dsn: str, sizes: Sizes, log: Log) -> dict[str, Any]:
         with connect(dsn) as conn:
             settle(conn)
         window = Deliveries()
-        consumers = Threads()
-        for _ in range(sizes.fair_consumers):
-            consumers.start(_consume, dsn, consumers.stop, window)
-        time.sleep(sizes.jain_window_s)
-        consumers.stop.set()
-        consumers.join(60)
+        with Threads() as consumers:
+            for _ in range(sizes.fair_consumers):
+                consumers.start(_consume, dsn, consumers.stop, window)
+            time.sleep(sizes.jain_window_s)
+            consumers.stop.set()
+            consumers.join(60)
         with connect(dsn) as conn:
             remaining = {str(name): int(size) for name, size in conn.execute(
                 "SELECT channel, size FROM fairq.channels")}

@@ -129,8 +129,11 @@ def batch_run(dsn: str, sizes: Sizes, log: Log, label: str, total: int,
         threads.start(consumer)
     report = threading.Thread(target=reporter, daemon=True)
     report.start()
-    threads.join(deadline - time.monotonic() + 60)
-    threads.stop.set()
+    try:
+        threads.join(deadline - time.monotonic() + 60)
+    finally:
+        threads.stop.set()
+        report.join(5)
     run.seconds = time.monotonic() - began
     run.produced, run.completed, run.deadlocks = produced[0], completed[0], deadlocks[0]
     if run.completed < total:

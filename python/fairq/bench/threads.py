@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 __all__ = ["Threads"]
@@ -35,13 +36,37 @@ class Threads:
         thread.start()
         self.threads.append(thread)
 
+    def __enter__(self) -> Threads:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        """Leaving the block by an exception (Ctrl-C, SIGTERM, a failed call) stops the
+        threads and waits up to a grace for them, so that what the run does next (the
+        bench empties the database on its way out) is not followed by their calls."""
+        if exc is not None:
+            self.halt()
+
+    def halt(self, grace: float = STOP_GRACE_S) -> None:
+        """Sets ``stop`` and waits up to ``grace`` for the threads; raises nothing."""
+        self.stop.set()
+        self._join_by(time.monotonic() + grace)
+
     def join(self, timeout: float | None = None, grace: float = STOP_GRACE_S) -> None:
         """Waits up to ``timeout`` for the threads to end; then sets ``stop`` and waits
         up to ``grace`` more for all of them together (not for each in turn: n stuck
         threads used to cost n times 30 s). Raises the first thread's exception, or
         RuntimeError if any is still running: a bench must not measure its next
-        scenario beside a thread still working on the last."""
-        self._join_by(None if timeout is None else time.monotonic() + timeout)
+        scenario beside a thread still working on the last.
+
+        Interrupted while waiting (Ctrl-C), it stops the threads first: an interrupted
+        run on ``--dsn`` emptied the database while they went on creating messages, and
+        the next run refused it as holding fairq data."""
+        try:
+            self._join_by(None if timeout is None else time.monotonic() + timeout)
+        except BaseException:
+            self.halt(grace)
+            raise
         if any(t.is_alive() for t in self.threads):
             self.stop.set()
             self._join_by(time.monotonic() + grace)
