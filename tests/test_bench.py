@@ -406,3 +406,18 @@ def test_an_interrupted_run_stops_its_threads_before_emptying_the_database(
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM fairq.message").fetchone() == (0,)
     prepare_database(dsn)  # the next run accepts the database
+
+
+def test_a_database_it_cannot_reach_is_one_line_and_exit_1(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An unreachable --dsn (a typo, a server down) ended in a psycopg traceback."""
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dsn = f"host=127.0.0.1 port={port} user=bench password=s3cret dbname=bench"
+    assert bench.main(["--dsn", dsn, "--sizes", "tiny", "--only", "depth"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "s3cret" not in err
+    assert "fairq bench: failed: connection failed:" in err and "Connection refused" in err

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import psycopg
 
 from fairq._source import dsn_argument, shown_conninfo
 from fairq.bench.database import DatabaseInUse
@@ -101,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except DatabaseInUse as exc:
         print(f"fairq bench: {exc}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as exc:  # initdb / pg_ctl of the throwaway cluster
+        print(f"fairq bench: {exc}\n{(exc.stderr or '').strip()}", file=sys.stderr)
+        return 1
+    except (psycopg.Error, OSError, RuntimeError) as exc:
+        # A --dsn it cannot reach, no pgbench, a pgbench that failed: what went wrong,
+        # in one message (a traceback buried it; psycopg's does not repeat a password).
+        print(f"fairq bench: failed: {exc}", file=sys.stderr)
         return 1
     finally:
         try:
