@@ -421,3 +421,26 @@ def test_a_database_it_cannot_reach_is_one_line_and_exit_1(
     err = capsys.readouterr().err
     assert "Traceback" not in err and "s3cret" not in err
     assert "fairq bench: failed: connection failed:" in err and "Connection refused" in err
+
+
+@needs_pgbench
+def test_pgbench_is_not_given_the_password_on_its_command_line(dsn: str, tmp_path: Path) -> None:
+    """Every local user can read a process's command line (ps, /proc): the --dsn's
+    password was on pgbench's. It goes in pgbench's environment instead."""
+    from fairq.bench.pgbench import Pgbench, pgbench_binary
+
+    secret = psycopg.conninfo.make_conninfo(dsn, password="s3cret-pw")
+    runner = Pgbench(secret, pgbench_binary(), tmp_path)
+    proc = runner.start("probe", "SELECT 1;\n", 1, 1)
+    try:
+        # (Popen may return before the child has exec'd pgbench: wait until it has.)
+        deadline = time.monotonic() + 30  # a failure net only
+        while b"pgbench" not in (cmdline := Path(f"/proc/{proc.pid}/cmdline").read_bytes()):
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+    finally:
+        output = Pgbench.finish(proc, 1)  # (the test server trusts: any password will do)
+    assert b"s3cret-pw" not in cmdline
+    assert b"PGPASSWORD=s3cret-pw" in environ.split(b"\0")
+    assert "tps =" in output

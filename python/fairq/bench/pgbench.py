@@ -8,6 +8,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
 __all__ = ["Pgbench", "pgbench_binary", "pgbench_summary"]
 
 
@@ -25,9 +27,16 @@ class Pgbench:
         path.write_text(script)
         # --max-tries: a deadlocked or serialization-failed script run is retried (and
         # counted), as a real client would; anything else aborts the client and fails.
+        # The password goes in pgbench's environment, not on its command line, which
+        # every local user can read (ps, /proc/<pid>/cmdline).
+        params = conninfo_to_dict(self.dsn)
+        password = params.pop("password", None)
         cmd = [self.binary, "-n", "-M", "prepared", "-c", str(clients), "-j", "1",
-               "--max-tries", "10", "-T", str(seconds), "-f", str(path), self.dsn]
+               "--max-tries", "10", "-T", str(seconds), "-f", str(path),
+               make_conninfo("", **params)]
         env = dict(os.environ)
+        if password is not None:
+            env["PGPASSWORD"] = str(password)
         if options:
             env["PGOPTIONS"] = (env.get("PGOPTIONS", "") + " " + options).strip()
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
