@@ -245,3 +245,16 @@ def test_blocks_owned_by_other_pages_at_least_compile(heading: str) -> None:
     for h, language, code in blocks():
         if h == heading and language == "python":
             compile(code, f"README {heading}", "exec")
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "-1", "0", "1e300"])
+def test_demo_refuses_seconds_it_cannot_run_for(seconds: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """NaN and huge values ended in a traceback (or in a burst too large to build)
+    before anything started; infinity would never end."""
+    from fairq import demo
+
+    assert demo.main(["--seconds", seconds, "--no-chart", "--no-dashboard",
+                      "--dsn", "host=127.0.0.1 port=1"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--seconds" in err

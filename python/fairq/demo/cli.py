@@ -26,6 +26,9 @@ from fairq.demo.scenario import Scenario
 
 __all__ = ["add_arguments", "main", "run"]
 
+#: The longest run ``--seconds`` asks for: a day.
+MAX_SECONDS = 86_400.0
+
 
 @contextmanager
 def quiet_workers() -> Iterator[None]:
@@ -82,8 +85,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     interrupted."""
     out = out or sys.stdout
     seconds = args.seconds if args.seconds is not None else (5.0 if args.quick else 20.0)
-    if seconds <= 0:
-        print("fairq demo: --seconds must be positive", file=sys.stderr)
+    # (NaN compares false both ways, infinity would never end, and the bursts of a huge
+    # value would not fit in memory.)
+    if not 0 < seconds <= MAX_SECONDS:
+        print(f"fairq demo: --seconds must be more than 0 and at most {MAX_SECONDS:g}",
+              file=sys.stderr)
         return 2
     scenario = Scenario.build(seconds)
     try:
