@@ -444,3 +444,18 @@ def test_pgbench_is_not_given_the_password_on_its_command_line(dsn: str, tmp_pat
     assert b"s3cret-pw" not in cmdline
     assert b"PGPASSWORD=s3cret-pw" in environ.split(b"\0")
     assert "tps =" in output
+
+
+def test_a_json_path_it_cannot_write_is_refused_before_the_run(
+        dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--json under a regular file: the whole run (an hour, full size) went by and then
+    ended in a traceback, its results and table lost."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    started = time.monotonic()
+    assert bench.main(["--dsn", dsn, "--sizes", "tiny", "--only", "soak",
+                       "--json", str(blocker / "bench.json")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--json" in err
+    assert "soak" not in err  # refused before anything ran
+    assert time.monotonic() - started < 5

@@ -4,6 +4,7 @@ what the run writes and prints."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -78,6 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"fairq bench: unknown scenarios {sorted(unknown)}", file=sys.stderr)
         return 2
+    # Where the results go is checked before the run (which takes an hour at full size):
+    # a path it could not write ended the run in a traceback, its results lost.
+    for flag, directory in (("--json", args.json and args.json.parent), ("--plots", args.plots)):
+        problem = _unwritable(directory) if directory is not None else None
+        if problem:
+            print(f"fairq bench: {flag}: cannot write into {directory}: {problem}",
+                  file=sys.stderr)
+            return 2
+    if args.json is not None and args.json.is_dir():
+        print(f"fairq bench: --json: {args.json} is a directory", file=sys.stderr)
+        return 2
     log = Progress()
     cluster = None
     previous = {stop: signal.signal(stop, _interrupt) for stop in _STOPS}
@@ -124,11 +136,27 @@ def main(argv: list[str] | None = None) -> int:
             for stop, handler in previous.items():
                 signal.signal(stop, handler)
     results = clean(results)
-    if args.json:
-        write_json(results, args.json)
-        log(f"wrote {args.json}")
-    if args.plots:
-        for path in write_plots(results, args.plots):
-            log(f"wrote {path}")
-    print(table(results))
+    # The table first: it is not lost if a file cannot be written after all.
+    print(table(results), flush=True)
+    try:
+        if args.json:
+            write_json(results, args.json)
+            log(f"wrote {args.json}")
+        if args.plots:
+            for path in write_plots(results, args.plots):
+                log(f"wrote {path}")
+    except OSError as exc:
+        print(f"fairq bench: failed to write the results: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why files cannot be written into ``directory`` (made if missing), or None."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return "permission denied"
+    return None
