@@ -157,9 +157,13 @@ AS $$
                 ELSE false END
 $$;
 
--- The policy lock of a channel, keyed by channel id: completions hold it shared,
--- channel_set, channel_clear and the pause calls exclusively (before they lock the
--- row), so a completion never sees max_concurrency change under it.
+-- The policy lock of a channel, keyed by channel id: completions of an uncapped
+-- channel hold it shared, channel_set, channel_clear and the pause calls
+-- exclusively (before they lock the row), so a completion never sees
+-- max_concurrency change under it. A capped channel's completion holds the row
+-- instead (the policy calls lock it last), and takes no policy lock: holding one
+-- while it waited for the row, it deadlocked with a transaction that had written the
+-- row (a defer) and then waited for the policy lock (a pause).
 CREATE FUNCTION fairq.policy_lock_class() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1717660019 $$;

@@ -7,10 +7,12 @@
 --   * a lock that has expired but was not yet recovered still belongs to its
 --     holder: nobody else has been handed the message;
 --   * leaving 'locked' frees exactly one concurrency slot of a capped channel, under
---     the channel lock; completing an uncapped channel's message takes only its
---     policy lock (shared; past fairq.bulk_channels() channels in a transaction,
---     its queue's bulk policy lock): a channel left empty stays, idle, for
---     the collector;
+--     the channel lock (and a completion then takes no policy lock); completing an
+--     uncapped channel's message takes only its policy lock (shared; past
+--     fairq.bulk_channels() channels in a transaction, its queue's bulk policy
+--     lock): a channel left empty stays, idle, for the collector. A completion
+--     waits for a channel row while it holds that channel's policy lock only when a
+--     policy call capped the channel while the completion ran;
 --   * lock order: the message (the fenced UPDATE/DELETE), then its channel. A
 --     bounded channel's count changes by a row of channel_size_change, never by its
 --     channel_size row, which its producers hold until they commit: no settlement
@@ -74,6 +76,7 @@ DECLARE
     v_claimed bigint[];
     v_channel_ids bigint[];
     v_locked bigint[];
+    v_unlocked bigint[];  -- the channels whose policy locks this holds
     v_woken bigint[];
     v_event record;
     v_asked integer;    -- the queue fairq.worker_sleeps was last asked about
@@ -115,17 +118,32 @@ BEGIN
     SELECT coalesce(array_agg(d ORDER BY d.id), '{}') INTO v_done FROM deleted d;
 
     v_channel_ids := ARRAY(SELECT DISTINCT d.channel_id FROM unnest(v_done) AS d ORDER BY 1);
-    -- The channels' policy locks (shared), so that channel_set cannot change their
-    -- max_concurrency, and recount in_flight, before this commits.
-    PERFORM fairq.policy_locks_shared(v_channel_ids, ARRAY(SELECT d.queue_id FROM unnest(v_done) AS d));
-    -- Only a capped channel needs its row, to free slots. Every other completion
-    -- leaves its channel's row alone, so workers completing one tenant's messages do
-    -- not queue behind each other, behind its dequeues or behind its producers.
+    -- Only a capped channel needs its row, to free slots; its row lock (message, then
+    -- channel, in id order), not its policy lock, keeps channel_set from changing its
+    -- max_concurrency, and recounting in_flight, before this commits (as in
+    -- message_complete). A row found uncapped once locked is not returned, and its
+    -- channel is treated as uncapped below. Every other completion leaves its
+    -- channel's row alone, so workers completing one tenant's messages do not queue
+    -- behind each other, behind its dequeues or behind its producers.
     v_locked := ARRAY(
         SELECT c.id FROM fairq.channel c
          WHERE c.id = ANY (v_channel_ids) AND c.max_concurrency IS NOT NULL
          ORDER BY c.id
            FOR NO KEY UPDATE);
+    -- The other channels' policy locks (shared), for the same reason; then the rows of
+    -- those capped meanwhile (by a policy call this waited for, which counted these
+    -- messages in flight). Only those are locked under a policy lock, out of id
+    -- order with the rows above.
+    v_unlocked := ARRAY(SELECT u.id FROM unnest(v_channel_ids) AS u(id) WHERE u.id <> ALL (v_locked));
+    IF v_unlocked <> '{}' THEN
+        PERFORM fairq.policy_locks_shared(v_unlocked, ARRAY(SELECT d.queue_id FROM unnest(v_done) AS d
+                                                             WHERE d.channel_id = ANY (v_unlocked)));
+        v_locked := v_locked || ARRAY(
+            SELECT c.id FROM fairq.channel c
+             WHERE c.id = ANY (v_unlocked) AND c.max_concurrency IS NOT NULL
+             ORDER BY c.id
+               FOR NO KEY UPDATE);
+    END IF;
     IF EXISTS (SELECT 1 FROM fairq.channel_wake w WHERE w.channel_id = ANY (v_locked)) THEN
         PERFORM fairq.fold_wakes(v_locked);
     END IF;
@@ -212,25 +230,46 @@ DECLARE
     v_message fairq.message;
     v_channel fairq.channel;
     v_woke boolean := false;
+    v_deleted record;  -- the message deleted, and whether its channel was capped
     v_done boolean;  -- what the checks, the lock and the record return (validate.sql)
 BEGIN
     v_done := fairq.require_read_committed('fairq.message_complete')
               AND fairq.require(p_id, 'p_id') IS NOT NULL
               AND fairq.require(p_num_attempts, 'p_num_attempts') IS NOT NULL;
     -- The fenced delete locks the message as it removes it: one statement, one row
-    -- lock, where locking first and deleting after would write the row twice.
+    -- lock, where locking first and deleting after would write the row twice. It
+    -- also tells whether the channel was capped when it began (a hint, read without
+    -- a lock: which of the two ways below the completion goes).
     DELETE FROM fairq.message m
      WHERE m.id = p_id AND fairq.held_attempts(m.status, m.num_attempts) = p_num_attempts
-    RETURNING m.* INTO v_message;
+    RETURNING m AS message,
+              (SELECT c.max_concurrency IS NOT NULL FROM fairq.channel c WHERE c.id = m.channel_id) AS capped
+         INTO v_deleted;
+    v_message := v_deleted.message;
     IF v_message.id IS NULL THEN
         RETURN fairq.miss(p_id, 'stale');
     END IF;
-    -- (The policy read after the lock, in a statement of its own: a snapshot taken
-    -- before a wait for channel_set would miss the policy it set.)
-    v_done := fairq.policy_lock_shared(v_message.channel_id, v_message.queue_id);
-    SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
+    -- A capped channel's row is locked at once (message, then channel, as a defer
+    -- does), and its values read under the lock: while this holds the row, no policy
+    -- call can change max_concurrency or recount in_flight. An uncapped channel's row
+    -- is left alone; its policy lock (shared) keeps channel_set from capping it, and
+    -- counting this message in flight, before this commits. The policy is read after
+    -- that lock, in a statement of its own (a snapshot taken before a wait for
+    -- channel_set would miss the policy it set), and a channel capped meanwhile has
+    -- its row locked then. (Until 0.7.37 every completion took the policy lock first:
+    -- one of a capped channel then waited for the row holding the policy lock, and a
+    -- transaction that had written the row (a defer) and then paused the channel
+    -- waited for that policy lock: a deadlock.)
+    IF v_deleted.capped THEN
+        v_channel := fairq.channel_lock(v_message.channel_id);  -- (uncapped meanwhile: frees no slot)
+    ELSE
+        v_done := fairq.policy_lock_shared(v_message.channel_id, v_message.queue_id);
+        SELECT * INTO v_channel FROM fairq.channel WHERE id = v_message.channel_id;
+        IF v_channel.max_concurrency IS NOT NULL THEN
+            v_channel := fairq.channel_lock(v_channel.id);
+        END IF;
+    END IF;
     IF v_channel.max_concurrency IS NOT NULL THEN
-        v_channel := fairq.channel_lock(v_channel.id);
         -- Its freed slot makes a full channel with work waiting eligible again.
         v_woke := v_channel.in_flight = v_channel.max_concurrency AND v_channel.due_at IS NOT NULL;
         PERFORM fairq.channel_unlock(v_channel, 1, NULL, v_now);
