@@ -491,6 +491,29 @@ def database_now(dsn: str) -> datetime:
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("skew", [timedelta(days=400), -timedelta(days=400)])
+def test_a_cron_schedules_first_tick_follows_the_databases_clock_not_the_hosts(
+        queue: Queue[bytes], dsn: str, monkeypatch: pytest.MonkeyPatch, kind: str,
+        skew: timedelta) -> None:
+    """Without ``start_at``, a cron schedule's first tick is the first time after the
+    database's now (the clock that hands drivers out). 0.7.37 read the host's clock:
+    a host ahead skipped the ticks in between, one behind put the first in the past."""
+    def next_new_year(moment: datetime) -> datetime:
+        return datetime(moment.year + 1, 1, 1, tzinfo=UTC)
+    before = next_new_year(database_now(dsn))
+    skew_host_clock(monkeypatch, skew)
+    if kind == "sync":
+        queue.schedule_periodic("yearly", None, "reports", b"r", cron="0 0 1 1 *")
+    else:
+        async def scenario() -> None:
+            async with AsyncQueue(dsn) as aqueue:
+                await aqueue.schedule_periodic("yearly", None, "reports", b"r", cron="0 0 1 1 *")
+        asyncio.run(scenario())
+    after = next_new_year(database_now(dsn))
+    assert driver_row(dsn)[1] in (before, after)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
 @pytest.mark.parametrize("skew", [timedelta(days=1), -timedelta(days=1)])
 def test_a_tick_reads_the_databases_clock_not_the_hosts(
         queue: Queue[bytes], dsn: str, server: Any, monkeypatch: pytest.MonkeyPatch,

@@ -226,10 +226,15 @@ class AsyncQueue(Generic[T]):
                                 timezone: str | None = None, start_at: datetime | None = None,
                                 priority: int = 0,
                                 conn: AsyncConnection | None = None) -> CreateResult:
-        return await self._run(periodic.schedule(name, channel, self.codec.encode(content),
-                                                 queue=self.name, interval=interval, cron=cron,
-                                                 timezone=timezone, start_at=start_at,
-                                                 priority=priority), conn)
+        def create(now: datetime | None) -> _sql.Call[CreateResult]:
+            return periodic.schedule(name, channel, self.codec.encode(content), queue=self.name,
+                                     interval=interval, cron=cron, timezone=timezone,
+                                     start_at=start_at, priority=priority, now=now)
+        if not periodic.needs_clock(cron, start_at):
+            return await self._run(create(None), conn)
+        async with self._atomic(conn) as tx:
+            now = await self._run(_sql.clock(), tx)
+            return await self._run(create(now), tx)
 
     # -- consuming ------------------------------------------------------------------
 

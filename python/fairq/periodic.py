@@ -109,13 +109,16 @@ class Schedule:
                 return candidate.astimezone(UTC)
         raise ValueError(f"cron expression {self.cron!r} has no time after {moment}")
 
-    def first_at(self, start_at: datetime | None, now: datetime) -> datetime | None:
-        """The first tick, at or after ``start_at`` (default: ``now``). None for an
-        interval schedule without ``start_at``: the database's now."""
+    def first_at(self, start_at: datetime | None, now: datetime | None) -> datetime | None:
+        """The first tick, at or after ``start_at`` (default: ``now``, the database's
+        clock, needed only then: :func:`needs_clock`). None for an interval schedule
+        without ``start_at``: the database's now."""
         if self.cron is None:
             return start_at
+        start = start_at if start_at is not None else now
+        assert start is not None, "a cron schedule without start_at needs the clock"
         # cronsim answers times strictly after its start (counted in whole seconds).
-        return self._cron_after((start_at or now) - timedelta(microseconds=1))
+        return self._cron_after(start - timedelta(microseconds=1))
 
     def next_after(self, due_at: datetime, now: datetime) -> datetime:
         """The tick after the one due at ``due_at``, skipping those already past at
@@ -147,16 +150,24 @@ class Schedule:
                    priority=doc["priority"], cron=doc.get("cron"), timezone=doc.get("timezone"))
 
 
+def needs_clock(cron: str | None, start_at: datetime | None) -> bool:
+    """Whether :func:`schedule` needs the database's clock: for a cron schedule's first
+    time when no ``start_at`` is given. (The host's clock put it a tick early or late
+    by the hosts' skew.)"""
+    return cron is not None and start_at is None
+
+
 def schedule(name: str, channel: str, content: bytes, *, queue: str,
              interval: timedelta | None = None, cron: str | None = None,
              timezone: str | None = None, start_at: datetime | None,
-             priority: int) -> _sql.Call[CreateResult]:
+             priority: int, now: datetime | None) -> _sql.Call[CreateResult]:
     """The call that creates the driver of schedule ``name`` in ``queue``: every
     ``interval`` from ``start_at`` (default: now), or at the times of ``cron`` from
-    ``start_at`` on."""
+    ``start_at`` (default: ``now``, the database's clock where :func:`needs_clock`)
+    on."""
     require_aware(start_at, "start_at")
     driver = Schedule(name, interval, channel, content, priority, cron, timezone)
-    first = driver.first_at(start_at, datetime.now(UTC))
+    first = driver.first_at(start_at, now)
     return _sql.create(PERIODIC_CHANNEL, driver.encode(), queue=queue, dequeue_at=first,
                        delay=None, priority=0, dedup_key=name)
 

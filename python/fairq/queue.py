@@ -228,10 +228,15 @@ class Queue(Generic[T]):
         expression, evaluated in ``timezone`` (an IANA name; default UTC), from
         ``start_at`` on; for as long as a worker serves the queue. One schedule per
         ``name`` and queue: a second call answers DUPLICATE and changes nothing."""
-        return self._run(periodic.schedule(name, channel, self.codec.encode(content),
-                                           queue=self.name, interval=interval, cron=cron,
-                                           timezone=timezone, start_at=start_at,
-                                           priority=priority), conn)
+        def create(now: datetime | None) -> _sql.Call[CreateResult]:
+            return periodic.schedule(name, channel, self.codec.encode(content), queue=self.name,
+                                     interval=interval, cron=cron, timezone=timezone,
+                                     start_at=start_at, priority=priority, now=now)
+        if not periodic.needs_clock(cron, start_at):
+            return self._run(create(None), conn)
+        with self._atomic(conn) as tx:
+            now = self._run(_sql.clock(), tx)
+            return self._run(create(now), tx)
 
     # -- consuming ------------------------------------------------------------------
 
