@@ -114,7 +114,9 @@ def dedup_key_from(*columns: str | Column, prefix: str = "") -> Column:
     """A deterministic dedup key computed from ``columns``: ``prefix`` followed by the
     SHA-256 (hex) of the JSON object of their values. Equal values give equal keys on
     every run and every retry; NULLs are told apart from empty strings. Keys are
-    ``len(prefix) + 64`` characters (fairq accepts up to 1024 bytes)."""
+    ``len(prefix) + 64`` characters (fairq accepts up to 1024 bytes). A column given by
+    name is keyed under its name, a ``Column`` under its position: keep the call the
+    same between runs (changing how it is written changes every key)."""
     from pyspark.sql import functions as F
 
     if not columns:
