@@ -644,3 +644,29 @@ def test_a_heartbeat_with_a_lock_wait_in_a_callers_transaction_leaves_its_lock_t
             with pytest.raises(psycopg.errors.LockNotAvailable):
                 queue.heartbeat(message, LOCK, lock_wait=timedelta(milliseconds=100))
             assert time.monotonic() - started < 10  # (a failure net: it waits 100 ms)
+
+
+def test_a_source_of_the_wrong_kind_is_refused_by_the_constructor(dsn: str) -> None:
+    """None (``os.environ.get`` of an unset variable), or the other binding's connection
+    or pool, failed only at the first call, with an AttributeError about something
+    else ("'NoneType' object has no attribute 'info'", "'ConnectionPool' object has
+    no attribute 'autocommit'")."""
+    sync_pool: ConnectionPool[Any] = ConnectionPool(dsn, open=False)
+
+    async def wrong_for_the_sync_queue() -> list[TypeError]:
+        async with await psycopg.AsyncConnection.connect(dsn) as aconn:
+            apool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, open=False)
+            refused = []
+            for source in (aconn, apool):
+                with pytest.raises(TypeError, match="source must be") as raised:
+                    Queue(source)  # type: ignore[call-overload]
+                refused.append(raised.value)
+            return refused
+
+    assert "AsyncConnection" in str(asyncio.run(wrong_for_the_sync_queue())[0])
+    with psycopg.connect(dsn) as sync_conn:
+        for source in (None, 42, sync_conn, sync_pool):
+            with pytest.raises(TypeError, match="source must be"):
+                AsyncQueue(source)  # type: ignore[call-overload]
+        with pytest.raises(TypeError, match=r"source must be .* got NoneType"):
+            Queue(None)  # type: ignore[call-overload]

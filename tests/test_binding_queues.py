@@ -82,6 +82,24 @@ def test_queues_are_independent(queues: tuple[Queue[bytes], Queue[bytes], Queue[
     assert default.channels("acme")[0].size == 2  # unchanged
 
 
+@pytest.mark.parametrize("name", ["", "q" * 256, "é" * 128, "a\x00b", None])
+def test_a_queue_name_the_sql_refuses_is_refused_by_the_constructor(dsn: str,
+                                                                     name: str | None) -> None:
+    """Every write names the queue, and the SQL refuses such a name (22023), but the
+    listings only filter by it: a queue named "" (an unset environment variable)
+    answered zeros to stats() for ever, and nothing to channels(), dead_letters() and
+    history(), while each send failed. The names at the edge are taken, by both."""
+    kind = TypeError if name is None else ValueError
+    with pytest.raises(kind, match=r"^name (must|holds)"):
+        Queue(dsn, name=name)  # type: ignore[arg-type]
+    with pytest.raises(kind, match=r"^name (must|holds)"):
+        AsyncQueue(dsn, name=name)  # type: ignore[arg-type]
+    for edge in ("q" * 255, "é" * 127, "q"):
+        with Queue(dsn, name=edge) as queue:
+            assert queue.send("a", b"x").status is CreateStatus.CREATED
+            assert queue.stats().size == 1
+
+
 def test_history_is_listed_per_queue(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET fairq.history = on")

@@ -638,8 +638,9 @@ def test_one_shot_commands_work_where_the_default_isolation_is_another(dsn: str)
     assert garbage.returncode == 2 and "--until" in garbage.stderr
     weight = fairq("channel", "set", "a", "--weight", "0", dsn=dsn)
     assert weight.returncode == 1 and "p_weight" in weight.stderr
-    unnamed = fairq("send", "a", "x", "--queue", "", dsn=dsn)
-    assert unnamed.returncode == 1 and "p_queue" in unnamed.stderr
+    for command in (["send", "a", "x"], ["stats"], ["worker", "worker_handlers:gated"]):
+        unnamed = fairq(*command, "--queue", "", dsn=dsn)
+        assert unnamed.returncode == 2 and "--queue: must be non-empty" in unnamed.stderr
 
 
 def test_dead_letters_are_listed_per_queue(dsn: str) -> None:

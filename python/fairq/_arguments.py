@@ -14,9 +14,9 @@ import os
 from datetime import timedelta
 
 from fairq._source import checked_conninfo
-from fairq._sql import MAX_DURATION
+from fairq._sql import MAX_DURATION, name_problem
 
-__all__ = ["dsn_or_environment", "port", "positive_seconds", "seconds"]
+__all__ = ["dsn_or_environment", "port", "positive_seconds", "queue_name", "seconds"]
 
 #: Ports a server may listen on; 0 lets the system choose a free one (printed at start).
 PORTS = range(0, 65536)
@@ -32,6 +32,16 @@ def port(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"expected a port from {PORTS.start} to {PORTS.stop - 1}, got {value}")
     return value
+
+
+def queue_name(text: str) -> str:
+    """A queue's name, as fairq takes it (:func:`fairq._sql.name_problem`): a queue
+    refuses any other when it is made, before a worker's pool is, or a listing's
+    filter answers nothing for it."""
+    problem = name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def _seconds(text: str, *, positive: bool) -> timedelta:

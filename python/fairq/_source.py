@@ -81,6 +81,15 @@ def with_connection_defaults(conninfo: str) -> str:
                                       if k not in given and k in known})
 
 
+def require_source(source: object, kinds: tuple[type, ...], expected: str) -> None:
+    """Raises TypeError unless ``source`` is one of ``kinds`` (``expected`` names them):
+    checked by a queue's constructor, since None (``os.environ.get`` of an unset
+    variable) or the other binding's connection or pool otherwise failed only at the
+    first call, with an AttributeError about something else."""
+    if not isinstance(source, kinds):
+        raise TypeError(f"source must be {expected}, got {type(source).__name__}")
+
+
 def conninfo_of(source: Source) -> str | None:
     """A conninfo that opens a new connection to the same database as ``source``, or
     None for a pool whose conninfo is computed by a function.

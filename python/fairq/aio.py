@@ -19,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from fairq import _sql, _timestamps, periodic
 from fairq._pools import owned_async_pool
-from fairq._source import conninfo_of
+from fairq._source import conninfo_of, require_source
 from fairq.codecs import BytesCodec, Codec
 from fairq.types import (
     AsyncMessage,
@@ -86,6 +86,11 @@ class AsyncQueue(Generic[T]):
     def __init__(self, source: str | AsyncConnection | AsyncConnectionPool[Any], *,
                  name: str = "default", codec: Codec[Any] | None = None,
                  pool_size: int = 10) -> None:
+        # (As Queue's: the listings only filter by the name.)
+        _sql.require_channel(name, "name")
+        require_source(source, (str, psycopg.AsyncConnection, AsyncConnectionPool),
+                       "a conninfo string, a psycopg.AsyncConnection or a"
+                       " psycopg_pool.AsyncConnectionPool (Queue takes the sync ones)")
         self.name = name
         self.codec: Codec[T] = codec if codec is not None else BytesCodec()  # type: ignore[assignment]
         self.conninfo = conninfo_of(source)

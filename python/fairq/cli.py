@@ -172,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     dsn_option.add_argument("--dsn", type=dsn_argument, default=argparse.SUPPRESS,
                             help=argparse.SUPPRESS)
     queue_option = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    queue_option.add_argument("--queue", default=DEFAULT_QUEUE,
+    queue_option.add_argument("--queue", default=DEFAULT_QUEUE, type=_arguments.queue_name,
                               help=f"the queue (default: {DEFAULT_QUEUE})")
     until_option = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     until_option.add_argument("--until", type=_moment,
@@ -237,7 +237,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="report snapshots held longer than this (default: 300)")
 
     sub = leaf(commands, "stats", "queues: size, ready, scheduled, in flight, dead, pause")
-    sub.add_argument("--queue", help="that queue only, and its channels")
+    sub.add_argument("--queue", type=_arguments.queue_name,
+                     help="that queue only, and its channels")
 
     dead = commands.add_parser("dead", help="dead letters", allow_abbrev=False).add_subparsers(
         dest="action", required=True, metavar="ACTION")

@@ -21,7 +21,7 @@ from psycopg_pool import ConnectionPool
 
 from fairq import _sql, _timestamps, periodic
 from fairq._pools import owned_pool
-from fairq._source import conninfo_of
+from fairq._source import conninfo_of, require_source
 from fairq.codecs import BytesCodec, Codec
 from fairq.types import (
     CancelStatus,
@@ -78,6 +78,12 @@ class Queue(Generic[T]):
     def __init__(self, source: str | Connection | ConnectionPool[Any], *,
                  name: str = "default", codec: Codec[Any] | None = None,
                  pool_size: int = 10) -> None:
+        # Checked here, before a pool is opened: the listings (stats(), channels(), ...)
+        # only filter by the name, so a name every write refuses answered them "empty".
+        _sql.require_channel(name, "name")
+        require_source(source, (str, psycopg.Connection, ConnectionPool),
+                       "a conninfo string, a psycopg.Connection or a"
+                       " psycopg_pool.ConnectionPool (AsyncQueue takes the async ones)")
         self.name = name
         self.codec: Codec[T] = codec if codec is not None else BytesCodec()  # type: ignore[assignment]
         self.conninfo = conninfo_of(source)
