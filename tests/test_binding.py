@@ -7,6 +7,8 @@ Each round-trip test runs the same scenario twice: through ``Queue`` and through
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -670,3 +672,30 @@ def test_a_source_of_the_wrong_kind_is_refused_by_the_constructor(dsn: str) -> N
                 AsyncQueue(source)  # type: ignore[call-overload]
         with pytest.raises(TypeError, match=r"source must be .* got NoneType"):
             Queue(None)  # type: ignore[call-overload]
+
+
+def test_json_content_is_standard_json(dsn: str) -> None:
+    """NaN and the infinities went out as ``NaN``/``Infinity``, which no JSON parser but
+    Python's reads: PostgreSQL's ``::jsonb`` refused every row of a query over such
+    content. What goes out still reads there, compact and UTF-8."""
+    codec = JsonCodec()
+    for number in (math.nan, math.inf, -math.inf):
+        with pytest.raises(ValueError, match="not JSON"):
+            codec.encode({"score": number})
+    with Queue(dsn, codec=codec) as queue, psycopg.connect(dsn) as conn:
+        content = {"big": 10**30, "t": "é", "f": 0.5, "n": None}
+        assert queue.send("a", content).status is CreateStatus.CREATED
+        assert conn.execute("SELECT convert_from(content, 'UTF8')::jsonb = %s::jsonb"
+                            " FROM fairq.message", [json.dumps(content)]).fetchone() == (True,)
+        [message] = queue.dequeue(LOCK)
+        assert message.content == content
+        assert message.raw == b'{"big":1000000000000000000000000000000,"t":"\xc3\xa9","f":0.5,"n":null}'
+
+
+def test_a_text_codec_refuses_an_encoding_it_cannot_use_when_made() -> None:
+    """A misspelt encoding failed only at the first encode or decode: a worker given it
+    failed every message it took (each retried until max_attempts dead-lettered it)."""
+    for wrong in ("utf-9", "no-such-encoding", "base64", "rot13"):
+        with pytest.raises(LookupError):
+            TextCodec(wrong)
+    assert TextCodec("latin-1").decode(b"\xe9") == "é"

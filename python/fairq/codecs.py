@@ -41,6 +41,11 @@ class TextCodec:
     """Content as text, UTF-8 by default."""
 
     def __init__(self, encoding: str = "utf-8") -> None:
+        # Looked up now (LookupError: unknown, or not a text encoding such as base64):
+        # otherwise a misspelt one failed at the first message, and a worker given it
+        # failed every message it took.
+        "".encode(encoding)
+        b"".decode(encoding)
         self.encoding = encoding
 
     def encode(self, value: str, /) -> bytes:
@@ -51,10 +56,24 @@ class TextCodec:
 
 
 class JsonCodec:
-    """Content as JSON documents (UTF-8, compact separators to keep rows small)."""
+    """Content as JSON documents (UTF-8, compact separators to keep rows small).
+
+    Only standard JSON goes out: NaN and the infinities raise ValueError, since
+    Python's ``NaN``/``Infinity`` are read by no other parser (PostgreSQL's ``::jsonb``
+    refused every row of a query over such content). Decoding stays Python's, which
+    reads them.
+    """
 
     def encode(self, value: Any, /) -> bytes:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        try:
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False)
+        except ValueError as exc:  # (json's own message does not say which rule)
+            raise ValueError(f"content is not JSON: {exc} (NaN and infinities have no"
+                             " JSON form)") from None
+        # (A str holding a lone surrogate raises UnicodeEncodeError, a ValueError, here:
+        # escaped as "\ud800" it would be JSON that PostgreSQL's jsonb refuses.)
+        return text.encode()
 
     def decode(self, data: bytes, /) -> Any:
         return json.loads(bytes(data))
