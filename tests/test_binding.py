@@ -699,3 +699,27 @@ def test_a_text_codec_refuses_an_encoding_it_cannot_use_when_made() -> None:
         with pytest.raises(LookupError):
             TextCodec(wrong)
     assert TextCodec("latin-1").decode(b"\xe9") == "é"
+
+
+def test_a_connection_whose_cursors_are_raw_works(dsn: str) -> None:
+    """A connection made with ``cursor_factory=RawCursor`` (``$1`` placeholders) made
+    every call fail with "raw queries require a sequence of parameters": the queues
+    ran their named-parameter statements on whatever cursor the connection makes."""
+    with psycopg.connect(dsn, autocommit=True, cursor_factory=psycopg.RawCursor) as conn:
+        queue = Queue(conn, name="raw")
+        assert queue.send("a", b"x").status is CreateStatus.CREATED
+        [message] = queue.dequeue(LOCK, conn=conn)
+        assert message.complete() is SettleStatus.COMPLETED
+        # The caller's own cursors stay raw.
+        assert type(conn.cursor()) is psycopg.RawCursor
+
+    async def scenario() -> None:
+        async with await psycopg.AsyncConnection.connect(
+                dsn, autocommit=True, cursor_factory=psycopg.AsyncRawCursor) as aconn:
+            aqueue = AsyncQueue(aconn, name="raw")
+            assert (await aqueue.send("a", b"y")).status is CreateStatus.CREATED
+            [amessage] = await aqueue.dequeue(LOCK)
+            assert amessage.raw == b"y"
+            assert await amessage.complete(conn=aconn) is SettleStatus.COMPLETED
+            assert type(aconn.cursor()) is psycopg.AsyncRawCursor
+    asyncio.run(scenario())

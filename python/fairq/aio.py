@@ -44,6 +44,14 @@ R = TypeVar("R")
 AsyncConnection = psycopg.AsyncConnection[Any]
 
 
+def _cursor(conn: AsyncConnection) -> psycopg.AsyncCursor[tuple[Any, ...]]:
+    """As :func:`fairq.queue._cursor`: the connection's own kind of cursor, unless it
+    takes ``$1`` placeholders only (``cursor_factory=AsyncRawCursor``)."""
+    if issubclass(conn.cursor_factory, psycopg.AsyncRawCursor):
+        return psycopg.AsyncCursor(conn, row_factory=tuple_row)
+    return conn.cursor(row_factory=tuple_row)
+
+
 @dataclass
 class _Shared:
     """A connection shared by the queue's tasks: one call at a time on it. Reentrant for
@@ -161,7 +169,7 @@ class AsyncQueue(Generic[T]):
             await self._backend.check()
             async with self.connection() as own:
                 return await self._run(call, own)
-        async with conn.cursor(row_factory=tuple_row) as cur:
+        async with _cursor(conn) as cur:
             _timestamps.register(cur)
             await cur.execute(call.query, call.params)
             return call.decode(await cur.fetchall())

@@ -46,6 +46,16 @@ R = TypeVar("R")
 Connection = psycopg.Connection[Any]
 
 
+def _cursor(conn: Connection) -> psycopg.Cursor[tuple[Any, ...]]:
+    """A cursor for the queue's statements, which name their parameters (``%(x)s``):
+    one of the connection's own kind (a ClientCursor, say, chosen for a pooler), unless
+    that kind takes ``$1`` placeholders only (``cursor_factory=RawCursor``), on which
+    every call failed with "raw queries require a sequence of parameters"."""
+    if issubclass(conn.cursor_factory, psycopg.RawCursor):
+        return psycopg.Cursor(conn, row_factory=tuple_row)
+    return conn.cursor(row_factory=tuple_row)
+
+
 @dataclass(frozen=True)
 class _Shared:
     """A connection shared by the queue's users: one call at a time on it. Reentrant: a
@@ -153,7 +163,7 @@ class Queue(Generic[T]):
             self._backend.check()
             with self.connection() as own:
                 return self._run(call, own)
-        with conn.cursor(row_factory=tuple_row) as cur:
+        with _cursor(conn) as cur:
             _timestamps.register(cur)
             return call.decode(cur.execute(call.query, call.params).fetchall())
 
