@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from fairq import (
     RetryStatus,
     SettleStatus,
     TextCodec,
+    __version__,
     _pools,
     _work,
 )
@@ -723,3 +725,26 @@ def test_a_connection_whose_cursors_are_raw_works(dsn: str) -> None:
             assert await amessage.complete(conn=aconn) is SettleStatus.COMPLETED
             assert type(aconn.cursor()) is psycopg.AsyncRawCursor
     asyncio.run(scenario())
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11's")
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_call_the_installed_extension_lacks_says_it_may_be_behind(dsn: str, kind: str) -> None:
+    """A package newer than its database's extension failed with "function
+    fairq.message_create(p_channel => unknown, ...) does not exist", which does not say
+    why: the error now carries a note naming the versions to compare and the upgrade."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP EXTENSION fairq CASCADE")
+        conn.execute("CREATE EXTENSION fairq VERSION '0.5.0'")
+    with pytest.raises(psycopg.errors.UndefinedFunction) as excinfo:
+        if kind == "sync":
+            with Queue(dsn) as queue:
+                queue.send("a", b"x")
+        else:
+            async def scenario() -> None:
+                async with AsyncQueue(dsn) as queue:
+                    await queue.send("a", b"x")
+            asyncio.run(scenario())
+    notes = getattr(excinfo.value, "__notes__", [])
+    assert any("ALTER EXTENSION fairq UPDATE" in note and __version__ in note
+               for note in notes), notes

@@ -448,3 +448,18 @@ def history_prune(before: datetime) -> Call[int]:
     require_aware(before, "before")
     return Call("SELECT fairq.history_prune(p_before => %(before)s)", {"before": before},
                 lambda rows: int(_scalar(rows)))
+
+
+def explain_missing_function(error: BaseException) -> None:
+    """Adds a note to a call's "function ... does not exist" (42883): the binding sends
+    only calls its own version defines, so the usual cause is an extension older than
+    the package, which the error alone does not say. (Notes are Python 3.11's.)"""
+    from fairq import __version__
+
+    add_note = getattr(error, "add_note", None)
+    if add_note is not None:
+        add_note(f"fairq {__version__} may be newer than the fairq installed in this database:"
+                 " compare with SELECT extversion FROM pg_extension WHERE extname = 'fairq'"
+                 " (or run `fairq doctor`), and upgrade it: ALTER EXTENSION fairq UPDATE (a"
+                 " plain install: `fairq upgrade`)")
+

@@ -171,7 +171,11 @@ class AsyncQueue(Generic[T]):
                 return await self._run(call, own)
         async with _cursor(conn) as cur:
             _timestamps.register(cur)
-            await cur.execute(call.query, call.params)
+            try:
+                await cur.execute(call.query, call.params)
+            except psycopg.errors.UndefinedFunction as exc:
+                _sql.explain_missing_function(exc)
+                raise
             return call.decode(await cur.fetchall())
 
     # -- the queue ------------------------------------------------------------------

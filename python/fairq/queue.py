@@ -165,7 +165,12 @@ class Queue(Generic[T]):
                 return self._run(call, own)
         with _cursor(conn) as cur:
             _timestamps.register(cur)
-            return call.decode(cur.execute(call.query, call.params).fetchall())
+            try:
+                rows = cur.execute(call.query, call.params).fetchall()
+            except psycopg.errors.UndefinedFunction as exc:
+                _sql.explain_missing_function(exc)
+                raise
+            return call.decode(rows)
 
     # -- the queue ------------------------------------------------------------------
 
