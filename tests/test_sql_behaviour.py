@@ -853,7 +853,7 @@ def test_a_producer_never_waits_for_a_worker_asking_the_doorbell(dsn: str) -> No
             psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute("LISTEN fairq")
         assert _doorbell(worker) == (True, True, None)  # in a transaction left open
-        c.execute("SET statement_timeout = '5s'")
+        c.execute("SET statement_timeout = '60s'")  # a wait fails, not hangs
         created, _ = create(c, "a")
         assert [e["id"] for e in _events(listener, dsn)] == [created]
         worker.rollback()

@@ -121,7 +121,7 @@ def test_history_and_events_name_the_queue(conn: Conn) -> None:
     conn.execute("SET fairq.events = wake")  # every wake event, whoever sleeps
     conn.execute("LISTEN fairq")
     create(conn, "a", queue="emails")
-    payload = json.loads(next(conn.notifies(timeout=5, stop_after=1)).payload)
+    payload = json.loads(next(conn.notifies(timeout=60, stop_after=1)).payload)  # (a net)
     assert payload["queue"] == "emails" and payload["channel"] == "a"
     d = dequeue_one(conn, queue="emails")
     assert d is not None and complete(conn, d) == "completed"
