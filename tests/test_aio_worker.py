@@ -851,7 +851,9 @@ def test_fairq_worker_runs_a_coroutine_handler_and_stops_on_sigterm(hdsn: str,
     loop's signal handler) lets the running handler finish and takes nothing new."""
     with Queue(hdsn) as setup:
         ids = [r.id for r in setup.send_many([NewMessage(f"t{i}", b"120") for i in range(3)])]
-    proc = _worker_process(hdsn, tmp_path, "--concurrency", "2", "--lock", "1", "--grace", "60",
+    # (A 3 s lock: heartbeats every second, so one run late on a loaded machine does not
+    # let a held message's lock lapse and its completion answer stale.)
+    proc = _worker_process(hdsn, tmp_path, "--concurrency", "2", "--lock", "3", "--grace", "60",
                            handler="worker_handlers:gated_async")
     try:
         deadline = time.monotonic() + TIMEOUT

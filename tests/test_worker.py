@@ -536,7 +536,9 @@ def test_sigterm_finishes_in_flight_work_and_loses_nothing(queue: Queue[bytes], 
                                                           tmp_path: Path) -> None:
     sent = queue.send_many([NewMessage(f"t{i}", b"120") for i in range(5)])
     ids = {r.id for r in sent}
-    proc = _worker_process(dsn, tmp_path, "--concurrency", "2", "--lock", "1", "--grace", "60")
+    # (A 3 s lock: heartbeats every second, so one run late on a loaded machine does not
+    # let a held message's lock lapse and its completion answer stale.)
+    proc = _worker_process(dsn, tmp_path, "--concurrency", "2", "--lock", "3", "--grace", "60")
     try:
         # Both handlers are running (and held there) when SIGTERM arrives; they are let
         # go only once the worker has taken the signal.
@@ -751,7 +753,7 @@ def test_heartbeats_go_on_while_handlers_hold_every_pooled_connection(dsn: str) 
     message in it holds a connection throughout; with every pooled connection held,
     heartbeats waited for the pool while the lock lapsed, and another worker ran the
     message again. They go on a connection of their own."""
-    lock = timedelta(seconds=1)
+    lock = timedelta(seconds=3)  # heartbeats every second: one run late keeps it
     with Queue(dsn, pool_size=1) as queue, psycopg.connect(dsn, autocommit=True) as watch:
         sent = queue.send("tenant-a", b"x")
         checked: list[bool] = []
