@@ -535,6 +535,23 @@ def table(out: str) -> list[list[str]]:
     return [line.split() for line in out.splitlines() if line.strip()]
 
 
+def test_channel_set_says_the_whole_policy_now_in_force(dsn: str) -> None:
+    """`channel set` replaces the whole policy: an operator who raised a tenant's weight
+    with `--weight 3` silently removed its `--max-concurrency` cap, and the command
+    said only "policy set". It prints the policy now in force."""
+    def ok(*args: str) -> str:
+        done = fairq(*args, dsn=dsn)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert ok("channel", "set", "acme", "--max-concurrency", "2", "--max-attempts", "3") == (
+        "channel acme: policy set: weight=1 concurrency=2 attempts=3"
+        " (any limit not given is removed)\n")
+    assert ok("channel", "set", "acme", "--weight", "3") == (
+        "channel acme: policy set: weight=3, no limits (any limit not given is removed)\n")
+    assert table(ok("channel", "list"))[1] == ["acme", "3", "-", "-"]
+
+
 def test_queues_weights_and_pauses(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The commands' local time zone: UTC-5 (POSIX names count westwards).
     monkeypatch.setenv("TZ", "Etc/GMT+5")
@@ -551,7 +568,8 @@ def test_queues_weights_and_pauses(dsn: str, monkeypatch: pytest.MonkeyPatch) ->
         return row and row[0]
 
     assert ok("channel", "set", "acme", "--weight", "3", "--max-concurrency", "2",
-              "--queue", "emails") == "channel acme: policy set\n"
+              "--queue", "emails") == (
+        "channel acme: policy set: weight=3 concurrency=2 (any limit not given is removed)\n")
     assert ok("send", "acme", "hello", "--queue", "emails").startswith("created ")
     assert ok("send", "acme", "plain").startswith("created ")  # the default queue
     assert table(ok("channel", "list", "--queue", "emails")) == [

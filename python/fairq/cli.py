@@ -289,12 +289,17 @@ def _print_queues(out: _Output, queues: Sequence[QueueStats]) -> None:
                    _format_moment(q.paused_until)) for q in queues])
 
 
+def _limits(max_concurrency: int | None, interval_ms: int | None, max_size: int | None,
+            max_attempts: int | None) -> list[str]:
+    return [f"{name}={value}" for name, value in (
+        ("concurrency", max_concurrency), ("interval_ms", interval_ms or None),
+        ("size", max_size), ("attempts", max_attempts)) if value is not None]
+
+
 def _format_limits(stats: ChannelStats) -> str:
-    limits = [f"{name}={value}" for name, value in (
-        ("concurrency", stats.max_concurrency),
-        ("interval_ms", stats.release_interval // timedelta(milliseconds=1) or None),
-        ("size", stats.max_size), ("attempts", stats.max_attempts)) if value is not None]
-    return " ".join(limits) or "-"
+    return " ".join(_limits(stats.max_concurrency,
+                            stats.release_interval // timedelta(milliseconds=1),
+                            stats.max_size, stats.max_attempts)) or "-"
 
 
 def _printable(text: str) -> str:
@@ -410,7 +415,13 @@ def _run(args: argparse.Namespace, out: _Output) -> None:
                               release_interval=timedelta(milliseconds=args.release_interval_ms),
                               max_size=args.max_size, max_attempts=args.max_attempts,
                               weight=args.weight)
-            out.line(f"channel {args.channel}: policy set")
+            # channel_set replaces the whole policy: say what is in force now, so that
+            # `--weight 3` alone visibly drops a cap the channel had.
+            limits = _limits(args.max_concurrency, args.release_interval_ms, args.max_size,
+                             args.max_attempts)
+            out.line(f"channel {args.channel}: policy set: weight={args.weight}"
+                     + (" " + " ".join(limits) if limits else ", no limits")
+                     + " (any limit not given is removed)")
         elif args.command == "channel" and args.action == "clear":
             had = queue.channel_clear(args.channel)
             out.line(f"channel {args.channel}: " + ("policy cleared" if had else "had no policy"))
