@@ -591,3 +591,27 @@ def test_the_queues_page_and_metrics_show_the_queues_that_matter(
     found = metrics(client.get("/metrics"))
     assert {dict(labels)["queue"] for name, labels in found if name == "fairq_queue_size"} == shown
     assert found[("fairq_queues", ())] == len(named) + 4
+
+
+def test_a_role_that_may_not_read_the_history_sees_the_rest(dsn: str, scene: Scene,
+                                                            serve: Any) -> None:
+    """The sample asked has_table_privilege(message_history) AND EXISTS (SELECT FROM
+    message_history) in one statement: PostgreSQL checks a statement's tables before it
+    runs, whatever the AND would have skipped, so a role without SELECT on the history
+    (revoked from an observer, or granted only the other views) read no queue at all:
+    every page failed and /metrics said fairq_up 0."""
+    role = observer_dsn(dsn, "fairq_no_history")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute('REVOKE SELECT ON fairq.message_history FROM "fairq_no_history"')
+    client = serve(role)
+    page = client.get("/")
+    assert 'data-queue="emails"' in page and 'data-source="sampled"' in page
+    assert "permission denied" not in page
+    found = metrics(client.get("/metrics"))
+    assert found[("fairq_up", ())] == 1.0
+    assert ("fairq_queue_size", (("queue", "emails"),)) in found
+    assert not any(name.startswith("fairq_settled") for name, _ in found)
+    out = subprocess.run([sys.executable, "-m", "fairq", "metrics", "--once", "--dsn", role],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert metrics(out.stdout)[("fairq_up", ())] == 1.0

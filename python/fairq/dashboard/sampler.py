@@ -79,20 +79,34 @@ class Sample:
     oldest_ready_s: float | None
 
 
+def _history_readable(conn: Connection) -> bool:
+    """Whether the history may be read and is recorded (the setting is on, or it holds
+    rows). Two statements: PostgreSQL checks the rights on every table a statement
+    names before it runs, so "has_table_privilege(...) AND EXISTS (SELECT FROM
+    fairq.message_history)" failed for a role without SELECT on it, and with it every
+    sample: such a role saw no queue at all."""
+    row = conn.execute("SELECT has_table_privilege('fairq.message_history', 'SELECT')"
+                       ).fetchone()
+    if row is None or not row[0]:
+        return False
+    row = conn.execute(
+        # (On: a boolean's true spellings, as fairq.setting_on reads them.)
+        "SELECT lower(trim(coalesce(current_setting('fairq.history', true), '')))"
+        "      ~ '^(on|1|t(r(ue?)?)?|y(es?)?)$'"
+        "      OR EXISTS (SELECT 1 FROM fairq.message_history)").fetchone()
+    return row is not None and bool(row[0])
+
+
 def take_snapshot(conn: Connection) -> Snapshot:
     reads = can_read_messages(conn)
-    row = conn.execute(
-        "SELECT clock_timestamp(), has_table_privilege('fairq.message_history', 'SELECT')"
-        # (On: a boolean's true spellings, as fairq.setting_on reads them.)
-        " AND (lower(trim(coalesce(current_setting('fairq.history', true), '')))"
-        "      ~ '^(on|1|t(r(ue?)?)?|y(es?)?)$'"
-        "      OR EXISTS (SELECT 1 FROM fairq.message_history))").fetchone()
+    history = _history_readable(conn)
+    row = conn.execute("SELECT clock_timestamp()").fetchone()
     assert row is not None
     started: datetime = row[0]
     rows = queues(conn, with_oldest=reads)
     done = conn.execute("SELECT clock_timestamp()").fetchone()
     assert done is not None
-    return Snapshot(started, (done[0] - started).total_seconds(), rows, reads, bool(row[1]))
+    return Snapshot(started, (done[0] - started).total_seconds(), rows, reads, history)
 
 
 @dataclass
