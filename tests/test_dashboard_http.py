@@ -615,3 +615,28 @@ def test_a_role_that_may_not_read_the_history_sees_the_rest(dsn: str, scene: Sce
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert metrics(out.stdout)[("fairq_up", ())] == 1.0
+
+
+def test_connections_the_server_dropped_are_not_handed_out(dsn: str, scene: Scene,
+                                                           serve: Any) -> None:
+    """After a restart or failover of the database (or a pooler's idle timeout), the
+    pool handed out its dead connections: each one failed a page with 500 ("terminating
+    connection due to administrator command") and a scrape with fairq_up 0 before it
+    was thrown away. A connection is checked before it is handed out."""
+    client = serve(dsn, top_channels=2)
+    for path in ("/", "/channels?queue=default", "/dead-letters", "/in-flight", "/metrics"):
+        client.get(path)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        killed = conn.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000))"
+            " FROM pg_stat_activity WHERE application_name = 'fairq dashboard'"
+            " AND datname = current_database()").fetchone()
+    assert killed is not None and killed[0] >= 1
+    for path in ("/channels?queue=default", "/dead-letters", "/in-flight",
+                 "/channels?queue=emails&sort=backlog"):
+        status, _, text = client.request("GET", path)
+        assert status == 200, (path, re.findall(r'id="error">[^<]*', text))
+    assert metrics(client.get("/metrics"))[("fairq_up", ())] == 1.0
+    status, _, text = client.post("resume-queue", {"queue": "emails",
+                                                   "csrf_token": client.token()})
+    assert status == 303, re.findall(r'id="error">[^<]*', text)

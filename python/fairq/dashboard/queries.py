@@ -108,9 +108,16 @@ def connection_pool(dsn: str, max_size: int) -> ConnectionPool[Connection]:
     """The connections of a running dashboard or exporter (opened by the caller):
     at most ``max_size``, however many requests come at once; a request waits for one
     as long as a read may take, no longer (with the database down, pages answered
-    after the pool's default 30 s), then fails with PoolTimeout, a psycopg.Error."""
+    after the pool's default 30 s), then fails with PoolTimeout, a psycopg.Error.
+
+    Each connection is checked (an empty query) before it is handed out: after a
+    restart or failover of the server, or a pooler's idle timeout, the pool handed
+    out its dead connections, and each failed a page (500) or a scrape (fairq_up 0)
+    before it was thrown away. The dashboard's requests are few: one round trip more
+    each is nothing."""
     return ConnectionPool(dsn, min_size=1, max_size=max_size, open=False,
                           configure=prepare_session, kwargs=CONNECTION_OPTIONS,
+                          check=ConnectionPool.check_connection,
                           timeout=STATEMENT_TIMEOUT_MS / 1000)
 
 # A pause read back as two columns: psycopg cannot load timestamptz 'infinity'.
