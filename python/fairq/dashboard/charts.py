@@ -122,8 +122,9 @@ def history_chart(conn: Connection, now: datetime) -> Chart | None:
 
 
 def sampled_chart(samples: Iterable[Sample], started: datetime, now: datetime,
-                  interval: timedelta, reads_messages: bool) -> Chart:
-    """The dashboard's own samples since it started (at most the last hour)."""
+                  interval: timedelta, reads_messages: bool, why: str | None = None) -> Chart:
+    """The dashboard's own samples since it started (at most the last hour); ``why``
+    the history is not charted, when it holds rows but could not be read."""
     start = max(started, now - HOUR)
     span = max((now - start).total_seconds(), 1.0)
     ready: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
@@ -136,9 +137,10 @@ def sampled_chart(samples: Iterable[Sample], started: datetime, now: datetime,
         in_flight[s.queue].append((s.at, s.in_flight))
         oldest[s.queue].append((s.at, s.oldest_ready_s or 0.0))
     note = (f"sampled by this dashboard every {interval.total_seconds():g} s since "
-            f"{started:%H:%M:%S}: fairq.message_history holds nothing settled in the last "
-            f"hour, and without it fairq records no deliveries (run the workers with "
-            f"fairq.history = on to chart deliveries per second)")
+            f"{started:%H:%M:%S}: " + (why or
+            "fairq.message_history holds nothing settled in the last "
+            "hour, and without it fairq records no deliveries (run the workers with "
+            "fairq.history = on to chart deliveries per second)"))
     panels = [_panel("ready (backlog)", "", start, span, ready),
               _panel("in flight", "", start, span, in_flight)]
     if reads_messages:
