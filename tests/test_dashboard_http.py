@@ -662,3 +662,32 @@ def test_the_queues_page_stands_when_the_history_cannot_be_read(
     assert 'data-queue="emails"' in page and 'data-source="sampled"' in page
     assert "fairq.message_history could not be read" in page
     assert "canceling statement due to statement timeout" in page
+
+
+def test_the_settled_counters_stay_bounded_however_many_queues(
+        dsn: str, serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-queue gauges keep to SHOWN_QUEUES queues, but the counters of settled
+    messages had a series for every queue the history ever recorded (and one more per
+    outcome): any producer may name a queue, so 20,000 of them were 20,000 to 60,000
+    series. They keep to the SHOWN_QUEUES queues that settled the most."""
+    from fairq.dashboard import sampler
+    from fairq.dashboard.metrics import collect_once, families
+    from fairq.dashboard.queries import connect
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET fairq.history = on")
+        for queue, count in (("big", 3), ("mid", 2), ("one-a", 1), ("one-b", 1)):
+            conn.execute("SELECT fairq.message_create_batch(array_fill('c'::text, ARRAY[%s]),"
+                         " array_fill('x'::bytea, ARRAY[%s]), p_queue => %s)",
+                         (count, count, queue))
+            conn.execute("SELECT fairq.message_complete(id, num_attempts)"
+                         " FROM fairq.message_dequeue(60000, %s, %s)", (count, queue))
+    monkeypatch.setattr(sampler, "SHOWN_QUEUES", 3)
+    found = metrics(serve(dsn).get("/metrics"))
+    counted = {dict(labels)["queue"] for name, labels in found
+               if name in ("fairq_settled_messages_total", "fairq_deliveries_total")}
+    assert counted == {"big", "mid", "one-a"}  # the most settled; among equals, by name
+    with connect(dsn) as conn:
+        once = list(families(collect_once(conn, 0)))
+    assert {s.labels["queue"] for family in once if family.name.startswith(("fairq_settled",
+            "fairq_deliveries")) for s in family.samples} == counted

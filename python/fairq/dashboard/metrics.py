@@ -5,7 +5,8 @@ whether it is paused. Per channel: the same gauges for the ``top`` channels with
 largest ready backlog only, so that the number of series stays bounded however many
 tenants there are. Counters of settled messages and deliveries per queue come from
 ``fairq.message_history`` when it is recorded (fairq keeps no other record of them);
-without it they are left out rather than reported as zero. Queue and channel names are
+without it they are left out rather than reported as zero; they too keep to
+at most SHOWN_QUEUES queues, those that settled the most. Queue and channel names are
 label values as the dashboard shows them (format.shown): a control character in a
 name, written out raw, reached the terminal of whoever read the exposition.
 """
@@ -20,6 +21,7 @@ import psycopg
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from fairq.dashboard import sampler as sampling
 from fairq.dashboard.format import shown as shown_name
 from fairq.dashboard.queries import ChannelRow, Connection, HistoryTotal, QueueRow, history_totals
 from fairq.dashboard.queries import top_channels as read_top_channels
@@ -139,13 +141,28 @@ def families(data: Collected) -> Iterator[Metric]:
         "fairq_deliveries", "deliveries of the settled messages per queue (their "
         "num_attempts summed), as recorded in fairq.message_history", labels=["queue"])
     per_queue: dict[str, int] = {}
+    counted = _counted_queues(data.settled)
     for total in data.settled:
+        if total.queue not in counted:
+            continue
         settled.add_metric([shown_name(total.queue), total.outcome], float(total.messages))
         per_queue[total.queue] = per_queue.get(total.queue, 0) + total.deliveries
     for queue, count in sorted(per_queue.items()):
         delivered.add_metric([shown_name(queue)], float(count))
     yield settled
     yield delivered
+
+
+def _counted_queues(settled: list[HistoryTotal]) -> set[str]:
+    """The queues with counters: at most SHOWN_QUEUES, those that settled the most
+    (among equals, the first names). Every queue the history recorded had its series,
+    and any producer may name a queue. The totals only grow, so the set changes only
+    when a queue overtakes another."""
+    messages: dict[str, int] = {}
+    for total in settled:
+        messages[total.queue] = messages.get(total.queue, 0) + total.messages
+    ranked = sorted(messages, key=lambda queue: (-messages[queue], queue))
+    return set(ranked[:sampling.SHOWN_QUEUES])
 
 
 class FairqCollector(Collector):
