@@ -4495,12 +4495,13 @@ COMMENT ON FUNCTION fairq.check() IS
 --     callers need EXECUTE on them and USAGE on the schema, never table privileges;
 --   * a producer can create and cancel messages but neither dequeue nor read
 --     contents; a worker can dequeue and settle; an observer can read the views and
---     the history, and run fairq.check(). Policies, pauses, dead-letter retry, delete
---     and purge, and history pruning stay with the owner (grant them explicitly to an
---     operator role if needed);
---   * fairq.revoke_producer / revoke_worker / revoke_observer take back exactly what
---     the matching grant gave (one list of objects for both), except USAGE on the
---     schema, which another grant of the role may need.
+--     the history, and run fairq.check(); an operator can set policies, pause and
+--     resume queues and channels, retry, delete and purge dead letters and prune the
+--     history, and nothing else (it reads what it acts on with an observer's grant).
+--     The test clock stays with the owner;
+--   * fairq.revoke_producer / revoke_worker / revoke_observer / revoke_operator take
+--     back exactly what the matching grant gave (one list of objects for both), except
+--     USAGE on the schema, which another grant of the role may need.
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fairq FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA fairq FROM PUBLIC;
@@ -4544,6 +4545,22 @@ CREATE FUNCTION fairq.observer_functions() RETURNS text[]
 LANGUAGE sql IMMUTABLE
 AS $$
     SELECT ARRAY['FUNCTION fairq.check()']
+$$;
+
+CREATE FUNCTION fairq.operator_functions() RETURNS text[]
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT ARRAY[
+        'FUNCTION fairq.queue_pause(text, timestamptz)',
+        'FUNCTION fairq.queue_resume(text)',
+        'FUNCTION fairq.channel_set(text, integer, bigint, integer, integer, integer, text)',
+        'FUNCTION fairq.channel_clear(text, text)',
+        'FUNCTION fairq.channel_pause(text, timestamptz, text)',
+        'FUNCTION fairq.channel_resume(text, text)',
+        'FUNCTION fairq.dead_letter_retry(bigint)',
+        'FUNCTION fairq.dead_letter_delete(bigint)',
+        'FUNCTION fairq.dead_letter_purge(timestamptz, text)',
+        'FUNCTION fairq.history_prune(timestamptz)']
 $$;
 
 -- The name of role p_role, which must exist (an OID cast to regrole is not checked:
@@ -4619,6 +4636,13 @@ AS $$
     SELECT fairq.grant_to(p_role, 'EXECUTE', fairq.observer_functions());
 $$;
 
+CREATE FUNCTION fairq.grant_operator(p_role regrole) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT fairq.grant_to(p_role, 'EXECUTE', fairq.operator_functions())
+$$;
+
 CREATE FUNCTION fairq.revoke_producer(p_role regrole) RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
@@ -4641,20 +4665,30 @@ AS $$
     SELECT fairq.revoke_from(p_role, 'EXECUTE', fairq.observer_functions());
 $$;
 
+CREATE FUNCTION fairq.revoke_operator(p_role regrole) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT fairq.revoke_from(p_role, 'EXECUTE', fairq.operator_functions())
+$$;
+
 -- The functions above were created after the blanket REVOKE.
 REVOKE ALL ON FUNCTION fairq.producer_functions() FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.worker_functions() FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.observer_relations() FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.observer_functions() FROM PUBLIC;
+REVOKE ALL ON FUNCTION fairq.operator_functions() FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.existing_role(regrole) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.grant_to(regrole, text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.revoke_from(regrole, text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.grant_producer(regrole) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.grant_worker(regrole) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.grant_observer(regrole) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fairq.grant_operator(regrole) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.revoke_producer(regrole) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.revoke_worker(regrole) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fairq.revoke_observer(regrole) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fairq.revoke_operator(regrole) FROM PUBLIC;
 
 COMMENT ON FUNCTION fairq.grant_producer(regrole) IS
     'Lets a role create (single and batch) and cancel messages; it cannot dequeue or read contents.';
@@ -4662,9 +4696,13 @@ COMMENT ON FUNCTION fairq.grant_worker(regrole) IS
     'Lets a role dequeue, complete (single and batch), defer, heartbeat and fail messages, and hold a queue''s doorbell while it sleeps.';
 COMMENT ON FUNCTION fairq.grant_observer(regrole) IS
     'Lets a role read fairq.queues, fairq.channels, fairq.dead_letters and fairq.message_history, and run fairq.check().';
+COMMENT ON FUNCTION fairq.grant_operator(regrole) IS
+    'Lets a role set and clear channel policies, pause and resume queues and channels, retry, delete and purge dead letters, and prune the history (grant_observer lets it see what it acts on).';
 COMMENT ON FUNCTION fairq.revoke_producer(regrole) IS
     'Takes back what fairq.grant_producer gave the role (USAGE on the schema stays: another grant may need it).';
 COMMENT ON FUNCTION fairq.revoke_worker(regrole) IS
     'Takes back what fairq.grant_worker gave the role (USAGE on the schema stays: another grant may need it).';
 COMMENT ON FUNCTION fairq.revoke_observer(regrole) IS
     'Takes back what fairq.grant_observer gave the role (USAGE on the schema stays: another grant may need it).';
+COMMENT ON FUNCTION fairq.revoke_operator(regrole) IS
+    'Takes back what fairq.grant_operator gave the role (USAGE on the schema stays: another grant may need it).';

@@ -45,7 +45,8 @@ SPEC_RELATIONS = {"queues", "channels", "dead_letters", "message_history"}
 # Public beyond SPEC: what a worker calls to sleep (the doorbell, sql/events.sql), and
 # the grants' counterparts (sql/privileges.sql).
 BEYOND_SPEC_FUNCTIONS = {"doorbell_hold", "doorbell_quiet", "doorbell_release",
-                         "revoke_producer", "revoke_worker", "revoke_observer"}
+                         "revoke_producer", "revoke_worker", "revoke_observer",
+                         "grant_operator", "revoke_operator"}
 
 
 def test_the_generator_covers_the_spec() -> None:

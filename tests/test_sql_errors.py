@@ -298,6 +298,10 @@ CASES: dict[str, Case] = {
     "revoke_worker: NULL role": Case("SELECT fairq.revoke_worker(NULL)", NOT_NULL, "p_role"),
     "revoke_observer: NULL role": Case("SELECT fairq.revoke_observer(NULL)", NOT_NULL, "p_role"),
     "revoke_worker: no such role": Case("SELECT fairq.revoke_worker(99999::regrole)", NO_SUCH_ROLE, "p_role"),
+    "grant_operator: NULL role": Case("SELECT fairq.grant_operator(NULL)", NOT_NULL, "p_role"),
+    "grant_operator: no such role": Case("SELECT fairq.grant_operator(99999::regrole)", NO_SUCH_ROLE,
+                                         "p_role"),
+    "revoke_operator: NULL role": Case("SELECT fairq.revoke_operator(NULL)", NOT_NULL, "p_role"),
     # clock_travel (owner only): a shift past PostgreSQL's intervals failed with 22015,
     # one past its timestamps with 22008, neither naming the argument
     "clock_travel: NULL shift": Case("SELECT fairq.clock_travel(NULL)", NOT_NULL, "p_shift_ms"),

@@ -175,7 +175,8 @@ def test_grant_functions_take_one_role(conn: Conn) -> None:
         "SELECT p.proname, p.proargtypes::regtype[]::text[] FROM pg_proc p"
         " WHERE p.pronamespace = 'fairq'::regnamespace AND p.proname LIKE 'grant\\_%'"
         "   AND p.proname <> 'grant_to' ORDER BY 1").fetchall()
-    assert [name for name, _ in rows] == ["grant_observer", "grant_producer", "grant_worker"]
+    assert [name for name, _ in rows] == ["grant_observer", "grant_operator", "grant_producer",
+                                          "grant_worker"]
     for name, types in rows:
         assert len(types) == 1 and types[0] in ("regrole", "name", "text"), (name, types)
 

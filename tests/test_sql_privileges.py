@@ -25,8 +25,8 @@ SPEC_FUNCTIONS = (
     "message_heartbeat", "message_fail", "message_cancel", "dead_letter_retry",
     "history_prune",
 )
-GRANT_FUNCTIONS = ("grant_producer", "grant_worker", "grant_observer",
-                   "revoke_producer", "revoke_worker", "revoke_observer")
+GRANT_FUNCTIONS = ("grant_producer", "grant_worker", "grant_observer", "grant_operator",
+                   "revoke_producer", "revoke_worker", "revoke_observer", "revoke_operator")
 
 # A valid call of each function that a privileged caller can make in any database.
 CALLS = {
@@ -45,6 +45,12 @@ CALLS = {
     "doorbell_quiet": "SELECT * FROM fairq.doorbell_quiet()",
     "doorbell_release": "SELECT fairq.doorbell_release()",
     "dead_letter_retry": "SELECT fairq.dead_letter_retry(-1)",
+    "dead_letter_delete": "SELECT fairq.dead_letter_delete(-1)",
+    "dead_letter_purge": "SELECT fairq.dead_letter_purge(now(), 'priv')",
+    "queue_pause": "SELECT fairq.queue_pause('priv')",
+    "queue_resume": "SELECT fairq.queue_resume('priv')",
+    "channel_pause": "SELECT fairq.channel_pause('priv')",
+    "channel_resume": "SELECT fairq.channel_resume('priv')",
     "history_prune": "SELECT fairq.history_prune(now())",
     "grant_producer": "SELECT fairq.grant_producer(current_user::text::regrole)",
     "grant_worker": "SELECT fairq.grant_worker(current_user::text::regrole)",
@@ -52,6 +58,8 @@ CALLS = {
     "revoke_producer": "SELECT fairq.revoke_producer(current_user::text::regrole)",
     "revoke_worker": "SELECT fairq.revoke_worker(current_user::text::regrole)",
     "revoke_observer": "SELECT fairq.revoke_observer(current_user::text::regrole)",
+    "grant_operator": "SELECT fairq.grant_operator(current_user::text::regrole)",
+    "revoke_operator": "SELECT fairq.revoke_operator(current_user::text::regrole)",
     "clock_travel": "SELECT fairq.clock_travel(0)",
     "check": "SELECT * FROM fairq.check()",
 }
@@ -70,6 +78,9 @@ WORKER_FUNCTIONS = {"message_dequeue", "message_complete", "message_complete_bat
                     "message_defer", "message_heartbeat", "message_fail",
                     "doorbell_hold", "doorbell_quiet", "doorbell_release"}
 OBSERVER_READS = {"fairq.queues", "fairq.channels", "fairq.dead_letters", "fairq.message_history"}
+OPERATOR_FUNCTIONS = {"queue_pause", "queue_resume", "channel_set", "channel_clear",
+                      "channel_pause", "channel_resume", "dead_letter_retry",
+                      "dead_letter_delete", "dead_letter_purge", "history_prune"}
 
 
 # -- Roles ---------------------------------------------------------------------------------
@@ -297,6 +308,31 @@ def test_observer_can_read_the_views_and_history_only(
         assert read("SELECT * FROM fairq.check()") == []
 
 
+def test_operator_can_set_policies_pause_and_handle_dead_letters_only(
+    dsn: str, conn: Conn, make_role: Callable[[str], str]
+) -> None:
+    """Every owner-only call an operator needs, in one grant (before 0.7.38 they were
+    granted one signature at a time, with USAGE on the schema, which the README's
+    example once forgot): no message call, no read, no test clock."""
+    role = make_role("operator")
+    grant(conn, "operator", role)
+    assert executable_functions(conn, role) == OPERATOR_FUNCTIONS
+    assert table_privileges(conn, role) == set()
+    assert outcomes_as(dsn, role, CALLS) == expected(CALLS, OPERATOR_FUNCTIONS)
+    assert outcomes_as(dsn, role, READS) == expected(READS, set())
+
+    create(conn, "held", b"x")
+    d = dequeue_one(conn)
+    assert d is not None
+    assert call(conn, "message_fail", d.id, d.num_attempts, "why") == "dead"
+    with psycopg.connect(dsn, user=role, autocommit=True) as operator:
+        operator.execute("SELECT fairq.channel_set('held', p_max_concurrency => 2)")
+        operator.execute("SELECT fairq.channel_pause('held')")
+        assert call(operator, "dead_letter_retry", d.id) == "requeued"
+    assert conn.execute("SELECT max_concurrency, paused_until = 'infinity' FROM fairq.channels"
+                        " WHERE channel = 'held'").fetchone() == (2, True)
+
+
 @pytest.mark.parametrize("kinds", [("producer",), ("worker",), ("observer",),
                                    ("producer", "worker", "observer")],
                          ids=["producer", "worker", "observer", "all three"])
@@ -321,21 +357,22 @@ def test_only_the_owner_can_move_the_clock(
 
 
 def test_unknown_or_public_role_cannot_be_granted_anything(conn: Conn) -> None:
-    for kind in ("producer", "worker", "observer"):
+    for kind in ("producer", "worker", "observer", "operator"):
         with pytest.raises(psycopg.errors.UndefinedObject):
             grant(conn, kind, "public")
     test_nothing_in_schema_fairq_is_granted_to_public(conn)
 
 
-@pytest.mark.parametrize("kind", ["producer", "worker", "observer"])
+@pytest.mark.parametrize("kind", ["producer", "worker", "observer", "operator"])
 def test_a_revoke_takes_back_exactly_what_its_grant_gave(
     dsn: str, conn: Conn, make_role: Callable[[str], str], kind: str
 ) -> None:
-    """A role that was a producer, a worker and an observer, and stops being one kind
-    of them: it keeps the other two kinds' rights, and loses every right of the kind
+    """A role that was a producer, a worker, an observer and an operator, and stops
+    being one kind of them: it keeps the other kinds' rights, and loses every right of the kind
     revoked (tried as the role). Revoking again, or from a role never granted, is a
     no-op; the schema's USAGE stays for the other grants."""
-    kinds = {"producer": PRODUCER_FUNCTIONS, "worker": WORKER_FUNCTIONS, "observer": {"check"}}
+    kinds = {"producer": PRODUCER_FUNCTIONS, "worker": WORKER_FUNCTIONS, "observer": {"check"},
+             "operator": OPERATOR_FUNCTIONS}
     role = make_role(f"was_{kind}")
     for each in kinds:
         grant(conn, each, role)

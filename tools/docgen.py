@@ -40,8 +40,8 @@ PUBLIC_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "Dead letters and history": ("dead_letter_retry", "dead_letter_delete", "dead_letter_purge",
                                  "history_prune"),
     "Operating": ("check",),
-    "Privileges": ("grant_producer", "grant_worker", "grant_observer",
-                   "revoke_producer", "revoke_worker", "revoke_observer"),
+    "Privileges": ("grant_producer", "grant_worker", "grant_observer", "grant_operator",
+                   "revoke_producer", "revoke_worker", "revoke_observer", "revoke_operator"),
 }
 PUBLIC_VIEWS = ("queues", "channels", "dead_letters")
 PUBLIC_TABLES = ("message_history",)

@@ -1,0 +1,3 @@
+-- 0.7.37 -> 0.7.38: nothing but functions. The install script's new REVOKE lines are
+-- for the functions this version adds (grant_operator, revoke_operator and their list,
+-- operator_functions), which the generated part revokes from PUBLIC as it creates them.
