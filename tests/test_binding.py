@@ -492,6 +492,16 @@ def test_fairqs_own_connections_time_out_unless_told_otherwise() -> None:
     assert (own["connect_timeout"], own["user"]) == ("3", "u")
 
 
+def test_fairqs_own_connections_are_named_fairq_unless_named_otherwise(dsn: str) -> None:
+    """pg_stat_activity showed a queue's own connections without a name, so an operator
+    could not tell fairq's sessions (workers, heartbeats, doorbells) from others."""
+    with Queue(dsn) as queue, queue.connection() as conn:
+        assert conn.execute("SHOW application_name").fetchone() == ("fairq",)
+    named = psycopg.conninfo.make_conninfo(dsn, application_name="billing-worker")
+    with Queue(named) as queue, queue.connection() as conn:
+        assert conn.execute("SHOW application_name").fetchone() == ("billing-worker",)
+
+
 def test_a_queues_own_pool_connects_with_a_timeout_and_keepalives(dsn: str) -> None:
     """Its connections had neither, unlike the worker's own: after a failover to a host
     that stopped answering, each connect of the pool waited for the system's TCP

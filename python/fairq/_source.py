@@ -66,9 +66,12 @@ def shown_conninfo(conninfo: str) -> str:
 #: ends one whose sent call the peer never acknowledged, which keepalives do not probe
 #: (the kernel retransmits for some 15 minutes). A server busy with a long statement
 #: has acknowledged it: that wait is not cut short.
+#: fallback_application_name names them in pg_stat_activity (an operator looking for
+#: the workers of a queue saw nameless sessions), unless the conninfo or PGAPPNAME
+#: names them otherwise.
 CONNECTION_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
                        "keepalives_interval": "10", "keepalives_count": "3",
-                       "tcp_user_timeout": "60000"}
+                       "tcp_user_timeout": "60000", "fallback_application_name": "fairq"}
 
 
 def with_connection_defaults(conninfo: str) -> str:
