@@ -168,8 +168,9 @@ def test_cli_worker_block_parses() -> None:
 
 def test_privileges_block_runs(dsn: str, server: Server) -> None:
     code = block("Privileges", "sql")
-    roles = re.findall(r"fairq\.grant_\w+\('(\w+)'\)", code)
-    assert len(roles) == 3
+    # (One role may be given two kinds: the operator also observes.)
+    roles = list(dict.fromkeys(re.findall(r"fairq\.grant_\w+\('(\w+)'\)", code)))
+    assert len(roles) == 4
     created = []
     with psycopg.connect(server.admin_dsn, autocommit=True) as admin:
         for role in roles:
@@ -184,7 +185,7 @@ def test_privileges_block_runs(dsn: str, server: Server) -> None:
                 row = conn.execute("SELECT has_function_privilege(%s, %s, %s)",
                                    (role, function, privilege)).fetchone()
                 return bool(row and row[0])
-            producer, worker, observer = roles
+            producer, worker, observer, operator = roles
             dequeue = "fairq.message_dequeue(bigint, integer, text)"
             create = "fairq.message_create(text, bytea, timestamptz, integer, text, text)"
             assert can(producer, "EXECUTE", create) and not can(producer, "EXECUTE", dequeue)
@@ -192,6 +193,9 @@ def test_privileges_block_runs(dsn: str, server: Server) -> None:
             row = conn.execute("SELECT has_table_privilege(%s, 'fairq.channels', 'SELECT')",
                                (observer,)).fetchone()
             assert row == (True,)
+            pause = "fairq.queue_pause(text, timestamptz)"
+            assert can(operator, "EXECUTE", pause) and not can(operator, "EXECUTE", dequeue)
+            assert not can(observer, "EXECUTE", pause)
     finally:
         for role in created:
             with psycopg.connect(dsn, autocommit=True) as conn:

@@ -33,8 +33,11 @@ class Threads:
                 self.stop.set()
 
         thread = threading.Thread(target=wrapped, daemon=True)
-        thread.start()
+        # Listed before it starts: a Ctrl-C between the two left a running thread that
+        # halt() did not wait for, and it created a message after the bench had emptied
+        # the database (seen once in CI, on a loaded machine).
         self.threads.append(thread)
+        thread.start()
 
     def __enter__(self) -> Threads:
         return self
@@ -79,4 +82,6 @@ class Threads:
 
     def _join_by(self, deadline: float | None) -> None:
         for thread in self.threads:
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():  # (not one listed but never started)
+                thread.join(None if deadline is None
+                            else max(0.0, deadline - time.monotonic()))
