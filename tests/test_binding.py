@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -758,3 +758,31 @@ def test_a_call_the_installed_extension_lacks_says_it_may_be_behind(dsn: str, ki
     notes = getattr(excinfo.value, "__notes__", [])
     assert any("ALTER EXTENSION fairq UPDATE" in note and __version__ in note
                for note in notes), notes
+
+
+@pytest.mark.parametrize("call", [
+    lambda q: q.dead_letters(limit=-1),
+    lambda q: q.dead_letters(limit=2**63),
+    lambda q: q.history(limit=-1),
+    lambda q: q.history(limit=True),
+], ids=["dead_letters -1", "dead_letters past bigint", "history -1", "history True"])
+def test_a_limit_sql_cannot_take_is_refused_naming_it(
+        dsn: str, call: Callable[[Queue[bytes]], object]) -> None:
+    """PostgreSQL's LIMIT refused these with its own words (2201W, 22003), not naming
+    the argument."""
+    with Queue(dsn) as queue, pytest.raises(ValueError, match=r"^limit must be an integer from 0"):
+        call(queue)
+
+
+@pytest.mark.parametrize("call", [
+    lambda q: q.send("a", b"x", dequeue_at=date(2030, 1, 1)),
+    lambda q: q.pause(date(2030, 1, 1)),
+    lambda q: q.history_prune(date(2030, 1, 1)),
+], ids=["send dequeue_at", "pause until", "history_prune before"])
+def test_a_date_where_a_point_in_time_is_wanted_is_refused_naming_it(
+        dsn: str, call: Callable[[Queue[bytes]], object]) -> None:
+    """A date failed with AttributeError: 'datetime.date' object has no attribute
+    'utcoffset'."""
+    with Queue(dsn) as queue, pytest.raises(TypeError,
+                                            match=r"must be a timezone-aware datetime, got date"):
+        call(queue)

@@ -396,7 +396,15 @@ def cancel(id_: int) -> Call[CancelStatus]:
 
 # -- dead letters and history -----------------------------------------------------------
 
+def require_limit(limit: int) -> None:
+    """A page's ``limit`` must be a count PostgreSQL's LIMIT takes: a negative one failed
+    with its own error (2201W), one past bigint with 22003, neither naming ``limit``."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < BIGINT.stop:
+        raise ValueError(f"limit must be an integer from 0 to {BIGINT.stop - 1}, got {limit!r}")
+
+
 def dead_letters(channel: str | None, limit: int, *, queue: str) -> Call[list[DeadLetter]]:
+    require_limit(limit)
     return Call(
         "SELECT id, queue, channel, content, state, num_attempts, error, created_at, died_at"
         " FROM fairq.dead_letters WHERE queue = %(queue)s"
@@ -427,6 +435,7 @@ def dead_letter_purge(before: datetime, *, queue: str | None) -> Call[int]:
 def history(channel: str | None, since: datetime | None, limit: int, *,
             queue: str) -> Call[list[HistoryRecord]]:
     require_aware(since, "since")
+    require_limit(limit)
     return Call(
         "SELECT id, queue, channel, priority, created_at, first_dequeued_at, settled_at,"
         " num_attempts, outcome FROM fairq.message_history"

@@ -100,7 +100,11 @@ class SettleResult:
 def require_aware(moment: datetime | None, name: str) -> None:
     """A point in time must carry its time zone: PostgreSQL reads a naive one in the
     database session's zone, not the caller's (a message scheduled "in an hour" from
-    Tokyo came due nine hours late)."""
+    Tokyo came due nine hours late). A ``date`` is no point in time: it failed with an
+    AttributeError about ``utcoffset``."""
+    if moment is not None and not isinstance(moment, datetime):
+        raise TypeError(f"{name} must be a timezone-aware datetime, got {type(moment).__name__}"
+                        f" {moment!r}")
     if moment is not None and moment.utcoffset() is None:
         raise ValueError(f"{name} must be timezone-aware, got the naive {moment!r}"
                          " (for example datetime.now(timezone.utc))")
