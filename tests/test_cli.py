@@ -38,6 +38,7 @@ def fairq(*args: str, dsn: str | None = None, stdin: bytes | None = None,
     ("channel", "set", "x", "--max-concurrency", "99999999999"),
     ("send", "c", "hi", "--priority", "99999999999"),
     ("dead", "retry", "99999999999999999999"),
+    ("dead", "delete", "99999999999999999999"),
     ("dead", "list", "--limit", "-1"),
     ("worker", "json:dumps", "--concurrency", "-3"),
     # Past the SQL's longest duration, building the timedelta ended in an OverflowError.
@@ -53,14 +54,14 @@ def test_a_number_out_of_range_is_a_usage_error_naming_its_option(args: tuple[st
     done = fairq(*args, dsn="dbname=fairq_never_used host=127.0.0.1 port=1")
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and "expected" in done.stderr
-    assert ("ID" if args[1] == "retry" else args[-2]) in done.stderr
+    assert ("ID" if args[1] in ("retry", "delete") else args[-2]) in done.stderr
 
 
 def test_help_and_usage_errors() -> None:
     shown = fairq("--help")
     assert shown.returncode == 0
-    for command in ("install", "upgrade", "queue", "channel", "send", "stats", "dead", "worker",
-                    "bench", "demo"):
+    for command in ("install", "upgrade", "queue", "channel", "send", "stats", "dead", "history",
+                    "worker", "bench", "demo"):
         assert command in shown.stdout
     assert fairq("channel", "--help").returncode == 0
     missing_dsn = fairq("stats")
@@ -672,6 +673,52 @@ def test_dead_letters_are_listed_per_queue(dsn: str) -> None:
     emails = fairq("dead", "list", "--queue", "emails", dsn=dsn).stdout
     assert "emails failed" in emails and "default failed" not in emails
     assert "default failed" in fairq("dead", "list", dsn=dsn).stdout
+
+
+def _bury(conn: psycopg.Connection[Any], queue: str, channel: str) -> int:
+    conn.execute("SELECT fairq.message_create(%s, 'x'::bytea, p_queue => %s)", (channel, queue))
+    [(message_id,)] = conn.execute(
+        "SELECT id FROM fairq.message_dequeue(1000, p_queue => %s)", (queue,)).fetchall()
+    conn.execute("SELECT fairq.message_fail(%s, 1, 'broken')", (message_id,))
+    return int(message_id)
+
+
+def test_dead_letters_are_deleted_and_purged(dsn: str) -> None:
+    """`dead delete` by id (an unknown one named, exit 1, the others deleted);
+    `dead purge --before` of --queue's only, or of every queue with --all-queues."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first, second = _bury(conn, "default", "a"), _bury(conn, "default", "b")
+        deleted = fairq("dead", "delete", "424242", str(first), dsn=dsn)
+        assert deleted.returncode == 1 and "no dead letter with id 424242" in deleted.stderr
+        assert deleted.stdout.split() == ["424242", "not_found", str(first), "deleted"]
+        assert conn.execute("SELECT array_agg(id) FROM fairq.dead_letter").fetchone() == (
+            [second],)
+        _bury(conn, "emails", "a")
+        [(between,)] = conn.execute("SELECT clock_timestamp()").fetchall()
+        later = _bury(conn, "default", "c")
+        before = between.isoformat()
+        purged = fairq("dead", "purge", "--before", before, "--queue", "emails", dsn=dsn)
+        assert purged.returncode == 0 and purged.stdout == "queue emails: 1 dead letter purged\n"
+        everywhere = fairq("dead", "purge", "--before", before, "--all-queues", dsn=dsn)
+        assert everywhere.stdout == "every queue: 1 dead letter purged\n"
+        assert conn.execute("SELECT array_agg(id) FROM fairq.dead_letter").fetchone() == (
+            [later],)
+    missing = fairq("dead", "purge", dsn=dsn)
+    assert missing.returncode == 2 and "--before" in missing.stderr
+    naive = fairq("dead", "purge", "--before", "not a time", dsn=dsn)
+    assert naive.returncode == 2 and "--before" in naive.stderr
+
+
+def test_history_is_pruned_before_a_time(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET fairq.history = on")
+        _bury(conn, "default", "a")
+        [(between,)] = conn.execute("SELECT clock_timestamp()").fetchall()
+        _bury(conn, "emails", "a")
+        pruned = fairq("history", "prune", "--before", between.isoformat(), dsn=dsn)
+        assert pruned.returncode == 0 and pruned.stdout == "1 history row pruned\n"
+        assert conn.execute("SELECT array_agg(queue) FROM fairq.message_history").fetchone() == (
+            ["emails"],)
 
 
 @pytest.mark.parametrize("handler", ["worker_handlers:gated", "worker_handlers:gated_async",

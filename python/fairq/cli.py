@@ -37,7 +37,7 @@ from fairq.codecs import BytesCodec, Codec, JsonCodec, TextCodec
 from fairq.doctor import Verdict, diagnose
 from fairq.install import InstallError, Scripts, install, upgrade
 from fairq.queue import Queue
-from fairq.types import ChannelStats, CreateStatus, QueueStats, RetryStatus
+from fairq.types import ChannelStats, CreateStatus, DeleteStatus, QueueStats, RetryStatus
 from fairq.worker import Worker
 
 __all__ = ["main"]
@@ -247,6 +247,21 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--limit", type=_count, default=100)
     sub = leaf(dead, "retry", "put dead letters back on their channels")
     sub.add_argument("ids", type=_bigint, nargs="+", metavar="ID")
+    sub = leaf(dead, "delete", "delete dead letters for good")
+    sub.add_argument("ids", type=_bigint, nargs="+", metavar="ID")
+    sub = leaf(dead, "purge", "delete a queue's dead letters that died before a time",
+               queue_option)
+    sub.add_argument("--before", type=_moment, required=True,
+                     help="ISO 8601 time, local time without an offset")
+    sub.add_argument("--all-queues", action="store_true",
+                     help="every queue's dead letters (not only --queue's)")
+
+    history = commands.add_parser("history", help="the settled messages' history",
+                                  allow_abbrev=False).add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    sub = leaf(history, "prune", "delete history settled before a time, of every queue")
+    sub.add_argument("--before", type=_moment, required=True,
+                     help="ISO 8601 time, local time without an offset")
 
     sub = leaf(commands, "worker", "run a handler over a queue's messages", queue_option)
     sub.add_argument("handler", metavar="MODULE:FUNCTION",
@@ -402,7 +417,8 @@ def _run(args: argparse.Namespace, out: _Output) -> None:
     # raises none: main() has it escape what its encoding cannot show).
     with psycopg.connect(args.dsn, autocommit=True) as conn, _arguments_checked():
         conn.execute(_pools.SESSION_SETUP)  # as a queue's own pool: fairq needs it
-        # `stats` without --queue and `dead retry` (by id) concern no one queue.
+        # `stats` without --queue, `dead retry`/`delete` (by id) and `history` concern no
+        # one queue.
         name = getattr(args, "queue", None)
         queue = Queue(conn, name=DEFAULT_QUEUE if name is None else name)
         if args.command == "queue" and args.action == "pause":
@@ -467,15 +483,30 @@ def _run(args: argparse.Namespace, out: _Output) -> None:
             _print_table(out, ["id", "channel", "attempts", "died_at", "error"],
                          [(d.id, d.channel, d.num_attempts, d.died_at.isoformat(), d.error)
                           for d in queue.dead_letters(args.channel, limit=args.limit)])
+        elif args.command == "dead" and args.action == "purge":
+            purged = queue.dead_letter_purge(args.before, all_queues=args.all_queues)
+            scope = "every queue" if args.all_queues else f"queue {queue.name}"
+            out.line(f"{scope}: {purged} dead letter{'' if purged == 1 else 's'} purged")
         elif args.command == "dead":
+            # Each id in its own transaction: one unknown id keeps none of the others
+            # from being handled, and is reported at the end.
             missing = []
             for message_id in args.ids:
-                status = queue.dead_letter_retry(message_id)
+                status: RetryStatus | DeleteStatus
+                if args.action == "retry":
+                    status = queue.dead_letter_retry(message_id)
+                    handled = status is RetryStatus.REQUEUED
+                else:
+                    status = queue.dead_letter_delete(message_id)
+                    handled = status is DeleteStatus.DELETED
                 out.line(f"{message_id} {status.value}")
-                if status is not RetryStatus.REQUEUED:
+                if not handled:
                     missing.append(message_id)
             if missing:
                 raise _Failed(f"no dead letter with id {', '.join(map(str, missing))}")
+        elif args.command == "history":
+            pruned = queue.history_prune(args.before)
+            out.line(f"{pruned} history row{'' if pruned == 1 else 's'} pruned")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
