@@ -531,6 +531,10 @@ def test_reads_return_what_sql_returns(spark: Any, conn: psycopg.Connection[Any]
     assert empty.count() == 0
     with pytest.raises(ValueError, match="what must be one of"):
         read(spark, url, "message", properties=props)
+    with pytest.raises(ValueError, match="num_partitions must be at least 1, not -3"):
+        read(spark, url, "message_history", properties=props, num_partitions=-3)
+    with pytest.raises(ValueError, match="fetch_size must be at least 1"):
+        read(spark, url, "message_history", properties=props, fetch_size=0)
 
 
 def test_jdbc_url_from_libpq_dsn() -> None:
@@ -737,6 +741,12 @@ def test_report_command_line() -> None:
     assert run("--dsn", "host=/tmp dbname=x", "--out", "x").returncode == 2
     bad_since = run("--dsn", "dbname=x", "--out", "x", "--since", "yesterday")
     assert bad_since.returncode == 2 and "24h" in bad_since.stderr
+    # A negative count failed inside Spark's JDBC source, after the session started.
+    for option in ("--partitions", "--top"):
+        for value in ("-3", "0"):
+            refused = run("--dsn", "dbname=x", "--out", "x", option, value)
+            assert refused.returncode == 2 and option in refused.stderr, refused.stderr
+            assert "Traceback" not in refused.stderr
 
 
 def test_parse_since() -> None:

@@ -16,7 +16,8 @@ from datetime import timedelta
 from fairq._source import checked_conninfo
 from fairq._sql import MAX_DURATION, name_problem
 
-__all__ = ["dsn_or_environment", "port", "positive_seconds", "queue_name", "seconds"]
+__all__ = ["dsn_or_environment", "port", "positive_integer", "positive_seconds", "queue_name",
+           "seconds"]
 
 #: Ports a server may listen on; 0 lets the system choose a free one (printed at start).
 PORTS = range(0, 65536)
@@ -31,6 +32,17 @@ def port(text: str) -> int:
     if value not in PORTS:
         raise argparse.ArgumentTypeError(
             f"expected a port from {PORTS.start} to {PORTS.stop - 1}, got {value}")
+    return value
+
+
+def positive_integer(text: str) -> int:
+    """A count of at least 1 (rows shown, partitions read), below 2**31."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value < 2**31:
+        raise argparse.ArgumentTypeError(f"expected 1 to {2**31 - 1}, got {value}")
     return value
 
 

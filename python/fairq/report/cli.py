@@ -65,9 +65,9 @@ def _parser() -> argparse.ArgumentParser:
                              "or this long ago (24h, 7d)")
     parser.add_argument("--window", type=_arguments.positive_seconds, default=timedelta(minutes=1),
                         metavar="SECONDS", help="fairness window (default: 60)")
-    parser.add_argument("--top", type=int, default=20,
+    parser.add_argument("--top", type=_arguments.positive_integer, default=20,
                         help="channels shown in the per-channel chart (default: 20)")
-    parser.add_argument("--partitions", type=int, default=None,
+    parser.add_argument("--partitions", type=_arguments.positive_integer, default=None,
                         help="JDBC read partitions (default: Spark's default parallelism)")
     parser.add_argument("--master", default=None,
                         help="Spark master (default: local[*], or what spark-submit set)")
@@ -109,9 +109,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.dsn:
         parser.print_usage(sys.stderr)
         print("fairq report: error: --dsn (or $DATABASE_URL) is required", file=sys.stderr)
-        return EXIT_USAGE
-    if args.top < 1:
-        print("fairq report: error: --top must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     try:
         from fairq import spark as fspark

@@ -111,6 +111,10 @@ def read(spark: SparkSession, jdbc_url: str, what: str = "message_history", *,
     """
     if what not in _SOURCES:
         raise ValueError(f"what must be one of {', '.join(_SOURCES)}, not {what!r}")
+    if num_partitions is not None and num_partitions < 1:
+        raise ValueError(f"num_partitions must be at least 1, not {num_partitions}")
+    if fetch_size < 1:
+        raise ValueError(f"fetch_size must be at least 1, not {fetch_size}")
     columns, relation, id_column, time_column = _SOURCES[what]
     where = ""
     if since is not None:
