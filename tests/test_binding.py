@@ -455,6 +455,26 @@ def test_a_due_time_is_dequeue_at_or_delay_never_both(dsn: str) -> None:
         assert msg.complete() is SettleStatus.COMPLETED  # the refused defer changed nothing
 
 
+@pytest.mark.parametrize("delay", [timedelta(days=400_000), -timedelta(days=400_000),
+                                   timedelta(days=3651)])
+def test_a_delay_past_the_longest_duration_is_refused_naming_it(
+        dsn: str, delay: timedelta) -> None:
+    """Past PostgreSQL's timestamps the database answered 22008 "timestamp out of
+    range", naming no argument; the bound is fairq's longest duration, as the CLI's."""
+    with Queue(dsn) as queue:
+        with pytest.raises(ValueError, match="delay must be at most 3650 days"):
+            queue.send("a", b"x", delay=delay)
+        with pytest.raises(ValueError, match="delay must be at most 3650 days"):
+            NewMessage("a", b"x", delay=delay)
+        queue.send("a", b"x", delay=timedelta(days=3650))
+        queue.send("a", b"x")
+        [msg] = queue.dequeue(LOCK)
+        with pytest.raises(ValueError, match="delay must be at most"):
+            msg.defer(delay=delay)
+        assert msg.complete() is SettleStatus.COMPLETED
+        assert queue.stats().scheduled == 1  # only the ten-year one
+
+
 def test_a_queues_own_pool_works_where_the_default_isolation_is_another(dsn: str) -> None:
     """fairq's calls refuse REPEATABLE READ (sql/validate.sql): a database that defaults
     to it made every call of a queue with its own pool fail."""

@@ -14,7 +14,8 @@ import os
 from datetime import timedelta
 
 from fairq._source import checked_conninfo
-from fairq._sql import MAX_DURATION, name_problem
+from fairq._sql import name_problem
+from fairq.types import MAX_DURATION
 
 __all__ = ["dsn_or_environment", "port", "positive_integer", "positive_seconds", "queue_name",
            "seconds"]
@@ -73,12 +74,12 @@ def _seconds(text: str, *, positive: bool) -> timedelta:
 
 
 def seconds(text: str) -> timedelta:
-    """A duration in seconds, 0 to :data:`fairq._sql.MAX_DURATION`."""
+    """A duration in seconds, 0 to :data:`fairq.types.MAX_DURATION`."""
     return _seconds(text, positive=False)
 
 
 def positive_seconds(text: str) -> timedelta:
-    """A duration in seconds, more than 0 and at most :data:`fairq._sql.MAX_DURATION`."""
+    """A duration in seconds, more than 0 and at most :data:`fairq.types.MAX_DURATION`."""
     return _seconds(text, positive=True)
 
 

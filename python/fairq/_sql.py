@@ -50,8 +50,6 @@ Row = tuple[Any, ...]
 INTEGER = range(-2**31, 2**31)
 BIGINT = range(-2**63, 2**63)
 
-# The longest duration the SQL takes (fairq.max_duration_ms(): ten years of 365 days).
-MAX_DURATION = timedelta(milliseconds=315_360_000_000)
 
 
 #: fairq's limit on names (channels and queues), in bytes of UTF-8 (sql/validate.sql;

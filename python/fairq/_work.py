@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 
 from fairq import _sql, periodic
-from fairq.types import CreateStatus, ReceivedMessage, SettleStatus
+from fairq.types import MAX_DURATION, CreateStatus, ReceivedMessage, SettleStatus
 
 __all__ = [
     "DEFAULT_QUEUE",
@@ -85,7 +85,7 @@ class Backoff:
 
 
 # A lock is a duration the SQL takes.
-MAX_LOCK = _sql.MAX_DURATION
+MAX_LOCK = MAX_DURATION
 
 
 @dataclass(frozen=True)

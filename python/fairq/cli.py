@@ -37,7 +37,14 @@ from fairq.codecs import BytesCodec, Codec, JsonCodec, TextCodec
 from fairq.doctor import Verdict, diagnose
 from fairq.install import InstallError, Scripts, install, upgrade
 from fairq.queue import Queue
-from fairq.types import ChannelStats, CreateStatus, DeleteStatus, QueueStats, RetryStatus
+from fairq.types import (
+    MAX_DURATION,
+    ChannelStats,
+    CreateStatus,
+    DeleteStatus,
+    QueueStats,
+    RetryStatus,
+)
 from fairq.worker import Worker
 
 __all__ = ["main"]
@@ -137,7 +144,7 @@ def _count(text: str) -> int:
 def _interval_ms(text: str) -> int:
     """A channel's release interval in milliseconds, at most the SQL's longest duration
     (beyond it, building the timedelta ended in an OverflowError traceback)."""
-    return _whole(text, range(0, _sql.MAX_DURATION // timedelta(milliseconds=1) + 1))
+    return _whole(text, range(0, MAX_DURATION // timedelta(milliseconds=1) + 1))
 
 
 def _concurrency(text: str) -> int:

@@ -36,7 +36,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from fairq import _sql
-from fairq.types import CreateResult, ReceivedMessage, SettleStatus, require_aware
+from fairq.types import MAX_DURATION, CreateResult, ReceivedMessage, SettleStatus, require_aware
 
 __all__ = ["PERIODIC_CHANNEL", "Refused", "Schedule", "Tick", "TickResult", "Unreadable",
            "schedule", "tick"]
@@ -65,10 +65,10 @@ class Schedule:
         # and the driver would come back, never sending anything and never dying.
         if (self.interval is None) == (self.cron is None):
             raise ValueError("give exactly one of interval and cron")
-        if self.interval is not None and not timedelta(0) < self.interval <= _sql.MAX_DURATION:
+        if self.interval is not None and not timedelta(0) < self.interval <= MAX_DURATION:
             # (Ten years, the longest duration the SQL takes: one of 8000 years took
             # the next tick past what a timestamp holds.)
-            raise ValueError(f"interval must be positive and at most {_sql.MAX_DURATION.days}"
+            raise ValueError(f"interval must be positive and at most {MAX_DURATION.days}"
                              f" days (fairq.max_duration_ms()), got {self.interval}")
         _sql.require_channel(self.channel, "channel")
         if self.channel == PERIODIC_CHANNEL:

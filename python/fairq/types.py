@@ -110,12 +110,21 @@ def require_aware(moment: datetime | None, name: str) -> None:
                          " (for example datetime.now(timezone.utc))")
 
 
+#: The longest duration fairq takes (``fairq.max_duration_ms()``: ten years of 365 days).
+MAX_DURATION = timedelta(milliseconds=315_360_000_000)
+
+
 def require_one_due_time(dequeue_at: datetime | None, delay: timedelta | None) -> None:
     """A message's due time is ``dequeue_at`` (timezone-aware) or ``delay``: given both,
-    one would be dropped without a word."""
+    one would be dropped without a word. A delay is at most :data:`MAX_DURATION` either
+    way, as every duration fairq takes (past PostgreSQL's timestamps, the database
+    answered "timestamp out of range", naming nothing)."""
     require_aware(dequeue_at, "dequeue_at")
     if dequeue_at is not None and delay is not None:
         raise ValueError(f"give dequeue_at or delay, not both (got {dequeue_at!r} and {delay!r})")
+    if delay is not None and abs(delay) > MAX_DURATION:
+        raise ValueError(f"delay must be at most {MAX_DURATION.days} days either way, got {delay}"
+                         " (give dequeue_at for a later time)")
 
 
 @dataclass(frozen=True)
