@@ -302,6 +302,19 @@ def test_paused_channels_are_not_behind(dsn: str, serve: Any) -> None:
     assert found[("fairq_queue_oldest_ready_age_seconds", (("queue", "default"),))] == 0
 
 
+def test_in_flight_shows_the_day_a_message_was_first_delivered(dsn: str, serve: Any) -> None:
+    """A message in flight since an earlier day showed only its time of day, as if
+    delivered today."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT fairq.message_create('slow', 'x')")
+        [(message_id,)] = conn.execute("SELECT id FROM fairq.message_dequeue(600000)").fetchall()
+        conn.execute("UPDATE fairq.message SET first_dequeued_at = '2020-02-03 12:00:00+00'"
+                     " WHERE id = %s", (message_id,))
+    page = serve(dsn).get("/in-flight")
+    row = page[page.index(f'<tr data-id="{message_id}"'):]
+    assert "2020-02-0" in row[:row.index("</tr>")]
+
+
 def test_messages_readable_means_all_three_tables(dsn: str, scene: Scene, serve: Any) -> None:
     """With SELECT on fairq.message alone (what the README said to grant) every page and
     /metrics failed on the tables the reads join."""
