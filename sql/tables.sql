@@ -181,6 +181,11 @@ CREATE INDEX message_locked_channel_ix ON fairq.message (channel_id)
     WHERE status = 'locked';
 CREATE UNIQUE INDEX message_dedup_ix ON fairq.message (channel_id, dedup_key)
     WHERE dedup_key IS NOT NULL;
+-- Messages whose lock expired unsettled (the dashboard's "Recovered" list, newest
+-- first): few, and no other index finds them. Only a recovery adds an entry; every
+-- other write of a message either writes its indexes anyway (no update of a message
+-- is HOT) or deletes it.
+CREATE INDEX message_recovered_ix ON fairq.message (id) WHERE recovered;
 
 CREATE TABLE fairq.dead_letter (
     id           bigint      NOT NULL PRIMARY KEY,
