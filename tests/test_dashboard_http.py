@@ -704,3 +704,12 @@ def test_the_settled_counters_stay_bounded_however_many_queues(
         once = list(families(collect_once(conn, 0)))
     assert {s.labels["queue"] for family in once if family.name.startswith(("fairq_settled",
             "fairq_deliveries")) for s in family.samples} == counted
+
+
+def test_a_session_token_is_never_a_notice_signature() -> None:
+    """Both are HMACs under the dashboard's one secret: a session cookie reading
+    "notice:<text>" had as its CSRF token the signature of that notice."""
+    csrf = Csrf()
+    notice = "dead letter 12 deleted" + " " * 20
+    assert csrf.token("notice:" + notice) != csrf.notice_signature(notice)
+    assert csrf.signed_notice(notice, csrf.token("notice:" + notice)) is None

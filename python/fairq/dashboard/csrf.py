@@ -35,7 +35,10 @@ class Csrf:
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
     def token(self, session: str) -> str:
-        return hmac.new(self.secret, session.encode(), hashlib.sha256).hexdigest()
+        # Each use of the secret signs its own kind of text (b"session:", b"notice:"): a
+        # session cookie a browser was made to carry, say "notice:<text>", must not
+        # yield a notice's signature as its token, nor a signed notice a token.
+        return hmac.new(self.secret, b"session:" + session.encode(), hashlib.sha256).hexdigest()
 
     def notice_signature(self, notice: str) -> str:
         """Signs the notice an action's redirect carries, so that a page shows only
