@@ -709,6 +709,46 @@ def test_dead_letters_are_deleted_and_purged(dsn: str) -> None:
     assert naive.returncode == 2 and "--before" in naive.stderr
 
 
+def test_queue_drain_pauses_and_waits_until_nothing_is_in_flight(dsn: str) -> None:
+    """Two messages in flight: the drain pauses the queue at once (a worker's dequeue
+    gets nothing), reports the count as it falls, and exits 0 when the last completes;
+    the queue stays paused."""
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for channel in ("a", "b", "c"):
+            conn.execute("SELECT fairq.message_create(%s, 'x'::bytea)", (channel,))
+        held = conn.execute("SELECT id, num_attempts FROM fairq.message_dequeue(600000, 2)"
+                            ).fetchall()
+        with subprocess.Popen([str(FAIRQ), "--dsn", dsn, "queue", "drain", "default"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as drain:
+            assert drain.stdout is not None
+            assert drain.stdout.readline() == "queue default: paused until resumed\n"
+            assert drain.stdout.readline() == "queue default: 2 in flight\n"
+            assert conn.execute("SELECT count(*) FROM fairq.message_dequeue(600000, 5)"
+                                ).fetchone() == (0,)
+            conn.execute("SELECT fairq.message_complete(%s, %s)", held[0])
+            assert drain.stdout.readline() == "queue default: 1 in flight\n"
+            conn.execute("SELECT fairq.message_complete(%s, %s)", held[1])
+            assert drain.wait(timeout=30) == 0, drain.stderr.read() if drain.stderr else ""
+            assert drain.stdout.read().startswith("queue default: drained, nothing in flight")
+        assert conn.execute("SELECT paused_until = 'infinity' FROM fairq.queues"
+                            " WHERE queue = 'default'").fetchone() == (True,)
+        conn.execute("SELECT fairq.queue_resume('default')")
+        assert conn.execute("SELECT count(*) FROM fairq.message_dequeue(600000, 5)"
+                            ).fetchone() == (1,)
+
+
+def test_queue_drain_gives_up_after_its_timeout(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT fairq.message_create('a', 'x'::bytea)")
+        conn.execute("SELECT fairq.message_dequeue(600000)")
+    drained = fairq("queue", "drain", "emails", dsn=dsn)  # nothing in flight there
+    assert drained.returncode == 0 and "drained" in drained.stdout
+    stuck = fairq("queue", "drain", "default", "--timeout", "0.2", dsn=dsn)
+    assert stuck.returncode == 1
+    assert "1 still in flight after 0.2 s (queue default stays paused" in stuck.stderr
+
+
 def test_history_is_pruned_before_a_time(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SET fairq.history = on")

@@ -21,6 +21,7 @@ import io
 import logging
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -206,6 +207,11 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("queue")
     sub = leaf(queue, "resume", "end a queue's pause")
     sub.add_argument("queue")
+    sub = leaf(queue, "drain", "pause a queue until resumed and wait until nothing is in flight")
+    sub.add_argument("queue")
+    sub.add_argument("--timeout", type=_arguments.seconds, metavar="SECONDS",
+                     help="give up (exit 1) after this long; the queue stays paused"
+                          " (default: wait)")
 
     channel = commands.add_parser("channel", help="channel policies and pauses",
                                   allow_abbrev=False).add_subparsers(
@@ -377,6 +383,36 @@ def _changes(args: argparse.Namespace) -> bool:
     return not (args.command in ("stats", "doctor") or getattr(args, "action", None) == "list")
 
 
+#: How often `queue drain` counts what is still in flight.
+DRAIN_POLL = timedelta(milliseconds=500)
+
+
+def _drain(queue: Queue[Any], timeout: timedelta | None, out: _Output) -> None:
+    """Pauses the queue until resumed, then waits until none of its messages is in
+    flight: the handlers running finish (or their locks expire and a worker's next
+    dequeue recovers them), and no worker is handed another. A lock counts until it is
+    settled or recovered, so a crashed worker's lock holds the drain up to its expiry."""
+    queue.pause()
+    out.line(f"queue {queue.name}: paused until resumed")
+    limit_s = None if timeout is None else timeout.total_seconds()
+    started = time.monotonic()
+    shown = None
+    while (in_flight := queue.stats().in_flight) > 0:
+        if in_flight != shown:
+            out.line(f"queue {queue.name}: {in_flight} in flight")
+            out.flush()  # progress, for whoever watches a pipe
+            shown = in_flight
+        left_s = None if limit_s is None else limit_s - (time.monotonic() - started)
+        if left_s is not None and left_s <= 0:
+            raise _Failed(f"{in_flight} still in flight after {limit_s:g} s"
+                          f" (queue {queue.name} stays paused; `fairq queue resume"
+                          f" {queue.name}` ends the pause)")
+        poll_s = DRAIN_POLL.total_seconds()
+        time.sleep(poll_s if left_s is None else min(poll_s, left_s))
+    out.line(f"queue {queue.name}: drained, nothing in flight (paused until resumed;"
+             f" `fairq queue resume {queue.name}` ends the pause)")
+
+
 def _run(args: argparse.Namespace, out: _Output) -> None:
     if args.command in DELEGATED:
         # main() hands them their command line; this one got here through options
@@ -431,6 +467,8 @@ def _run(args: argparse.Namespace, out: _Output) -> None:
         if args.command == "queue" and args.action == "pause":
             queue.pause(args.until)
             out.line(f"queue {queue.name}: {_paused(args.until)}")
+        elif args.command == "queue" and args.action == "drain":
+            _drain(queue, args.timeout, out)
         elif args.command == "queue":
             out.line(f"queue {queue.name}: " + ("resumed" if queue.resume() else "was not paused"))
         elif args.command == "channel" and args.action == "set":
