@@ -331,6 +331,45 @@ def test_a_call_without_conn_inside_a_transaction_on_a_shared_connection_joins_i
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
+def test_calls_from_tasks_started_inside_an_async_transaction_on_a_shared_connection_join_it(
+        dsn: str) -> None:
+    """A call under ``asyncio.wait_for`` (a task of its own before Python 3.12) or
+    ``gather`` inside ``AsyncQueue.transaction()`` on one connection: it waited for
+    the lock its own block held, the block waited for it: wait_for's TimeoutError
+    (whatever the call), and gather for ever. They join the transaction now, as the
+    same calls made directly do (and as on 3.12, where wait_for makes no task). A task
+    that calls only after the block ended waits for the connection as any other."""
+    async def scenario(autocommit: bool) -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit) as aconn:
+            aqueue = AsyncQueue(aconn)
+            await aqueue.send("held", b"0")
+            [held] = await aqueue.dequeue(LOCK)
+            block_over = asyncio.Event()
+
+            async def after_the_block() -> None:
+                await block_over.wait()
+                await aqueue.send("later", b"own transaction")
+
+            with pytest.raises(RuntimeError, match="roll back"):
+                async with aqueue.transaction():
+                    later = asyncio.create_task(after_the_block())
+                    # (The net: before, each of these waited for the block until it.)
+                    assert await asyncio.wait_for(
+                        aqueue.heartbeat(held, LOCK, lock_wait=timedelta(seconds=1)),
+                        10) is SettleStatus.HEARTBEATED
+                    await asyncio.wait_for(aqueue.send("a", b"1"), 10)
+                    await asyncio.wait_for(
+                        asyncio.gather(aqueue.send("b", b"2"), aqueue.send("c", b"3"),
+                                       aqueue.channels()), 10)
+                    raise RuntimeError("roll back")
+            block_over.set()
+            await asyncio.wait_for(later, 10)
+            # Rolled back with the block: besides "held", only the later task's message.
+            assert sorted(c.channel for c in await aqueue.channels() if c.size) == ["held", "later"]
+    for autocommit in (True, False):
+        asyncio.run(scenario(autocommit))
+
+
 def test_an_async_dequeue_cancelled_after_the_server_answered_hands_its_messages_back(
         dsn: str) -> None:
     """A dequeue under asyncio.timeout (or wait_for, or a cancelled task) whose answer

@@ -9,7 +9,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
@@ -53,27 +54,62 @@ def _cursor(conn: AsyncConnection) -> psycopg.AsyncCursor[tuple[Any, ...]]:
 
 
 @dataclass
+class _Hold:
+    """One use of a shared connection: a call, or a :meth:`AsyncQueue.transaction`
+    block. Calls from the tasks started inside it (they see it in their context) join
+    it, one at a time: ``joined`` is their lock."""
+
+    parent: _Hold | None  # the use it joined, if any
+    joined: asyncio.Lock = field(default_factory=asyncio.Lock)
+    active: bool = True
+
+
+@dataclass
 class _Shared:
     """A connection shared by the queue's tasks: one call at a time on it. Reentrant for
-    the task that holds it: a call made without ``conn=`` inside
-    :meth:`AsyncQueue.transaction` joins that transaction (with a plain lock it waited
-    for its own task for ever)."""
+    the task that holds it and for the tasks it starts meanwhile: a call made without
+    ``conn=`` inside :meth:`AsyncQueue.transaction` joins that transaction, even from a
+    task of its own (``asyncio.wait_for`` makes one before Python 3.12, ``gather`` one
+    per call). Reentrant by task alone, such a call waited for the block that waited
+    for it: until the timeout, or for ever. A task started before the block (or one
+    still waiting when the block ends) waits for the connection as any other."""
 
     conn: AsyncConnection
     lock: asyncio.Lock
-    holder: asyncio.Task[Any] | None = None
+    # (A variable per connection: a task inside uses of two queues' connections joins each.)
+    hold: ContextVar[_Hold | None] = field(
+        default_factory=lambda: ContextVar("fairq_shared_hold", default=None))
 
     @asynccontextmanager
     async def held(self) -> AsyncIterator[None]:
-        if self.holder is not None and self.holder is asyncio.current_task():
+        lock, joined = await self._acquire()
+        hold = _Hold(joined)
+        token = self.hold.set(hold)
+        try:
             yield
-            return
-        async with self.lock:
-            self.holder = asyncio.current_task()
+        finally:
+            self.hold.reset(token)
             try:
-                yield
+                # Calls that joined this use end first: they belong to its transaction.
+                async with hold.joined:
+                    pass
             finally:
-                self.holder = None
+                hold.active = False
+                lock.release()
+
+    async def _acquire(self) -> tuple[asyncio.Lock, _Hold | None]:
+        """The lock to hold: that of the innermost use this task's context is inside
+        and that still runs, else the connection's own."""
+        outer = self.hold.get()
+        while outer is not None:
+            if outer.active:
+                await outer.joined.acquire()
+                if outer.active:
+                    return outer.joined, outer
+                outer.joined.release()  # it ended while this task waited
+            outer = outer.parent
+        await self.lock.acquire()
+        return self.lock, None
 
 
 class AsyncQueue(Generic[T]):
