@@ -616,6 +616,46 @@ def test_run_and_its_handlers_cancelled_at_once_hand_each_message_back_once(
     assert "stale" not in caplog.text
 
 
+@pytest.mark.parametrize("ending", ["asyncio.run's shutdown", "stop(), awaited after"])
+def test_closing_the_queue_while_run_goes_on_hands_the_work_back_first(
+        hdsn: str, caplog: pytest.LogCaptureFixture, ending: str) -> None:
+    """``async with AsyncQueue(dsn)`` left while the worker's run() goes on in a task
+    of its own (the application ended, or stop() was not awaited): 0.7.38 handed back
+    only after the queue's pool had closed, when asyncio.run's shutdown cancelled the
+    tasks left (or run() drained): every hand-back failed ("could not hand back ...
+    their locks will expire"), and the messages waited for their 5 min locks.
+    close() has the worker hand them back first, and run() stop."""
+    handlers: list[Endless] = []
+    leftover: list[asyncio.Task[None]] = []
+
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            await queue.send_many([NewMessage(f"t{i}", b"job") for i in range(2)])
+            handlers.extend(Endless() for _ in range(2))
+            started = iter(handlers)
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                await next(started)(message)
+
+            worker = AsyncWorker(queue, handler, concurrency=2, lock=timedelta(minutes=5),
+                                 **FAST)
+            task = asyncio.create_task(worker.run())
+            await until(lambda: all(h.started.is_set() for h in handlers))
+            if ending != "asyncio.run's shutdown":
+                worker.stop()
+                leftover.append(task)
+        for task in leftover:
+            await asyncio.wait_for(task, 30)  # it returns, as after stop(now=True)
+
+    with caplog.at_level(logging.WARNING, logger="fairq.worker"):
+        asyncio.run(scenario())
+    assert all(h.cancelled.is_set() for h in handlers)
+    assert "could not" not in caplog.text
+    assert caplog.text.count("handed back as the worker stops (deferred)") == 2, caplog.text
+    with Queue(hdsn) as queue:  # back now, not in 5 min
+        assert sorted(m.num_attempts for m in queue.dequeue(timedelta(seconds=30), 10)) == [2, 2]
+
+
 def test_a_handler_raising_a_base_exception_fails_its_message(hdsn: str) -> None:
     """A BaseException that is neither an Exception nor one the worker knows
     (CancelledError, SystemExit, KeyboardInterrupt): Worker fails the message, 0.7.36's

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -148,15 +148,34 @@ class AsyncQueue(Generic[T]):
             self._backend = source
         else:
             self._backend = _Shared(source, asyncio.Lock())
+        # What the AsyncWorkers running on the queue do before its own pool closes
+        # (given the task that closes it).
+        self._before_close: set[Callable[[asyncio.Task[Any] | None], Awaitable[None]]] = set()
 
     async def open(self) -> None:
         if self._owned_pool is not None and self._owned_pool.closed:
             await self._owned_pool.open()
 
     async def close(self) -> None:
-        """Closes the pool the queue opened itself (a caller's connection or pool stays open)."""
-        if self._owned_pool is not None:
+        """Closes the pool the queue opened itself (a caller's connection or pool stays open).
+
+        The AsyncWorkers still running on that pool first hand back what they hold
+        (each message deferred to now) and stop, as with ``stop(now=True)``: once
+        the pool is closed, their hand-backs could only fail,
+        and the messages waited for their locks (``async with AsyncQueue(dsn)`` left
+        with a worker's run() in a task of its own, then cancelled by asyncio.run's
+        shutdown). A cancellation of close() meanwhile does not cut that short; it is
+        re-raised once the pool is closed."""
+        if self._owned_pool is None:
+            return
+        cancelled, closer = False, asyncio.current_task()
+        try:
+            for hand_back in list(self._before_close):
+                cancelled |= await finish(asyncio.ensure_future(hand_back(closer)))
+        finally:
             await self._owned_pool.close()
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def __aenter__(self) -> AsyncQueue[T]:
         await self.open()
@@ -407,13 +426,17 @@ class AsyncQueue(Generic[T]):
         return await self._run(_sql.history_prune(before), conn)
 
 
-async def finish(task: asyncio.Future[Any]) -> None:
+async def finish(task: asyncio.Future[Any]) -> bool:
     """Awaits ``task`` to its end, whatever cancellations of the caller arrive meanwhile
-    (its exception, if any, is raised). For the work a cancellation itself starts (a
-    hand-back): a second one (a shutdown, then its timeout) cut it short, leaving
-    messages locked until their lock lapsed. The caller re-raises its first
-    cancellation afterwards."""
+    (its exception, if any, is raised); True if one did. For the work a cancellation
+    itself starts (a hand-back): a second one (a shutdown, then its timeout) cut it
+    short, leaving messages locked until their lock lapsed. The caller re-raises its
+    first cancellation afterwards."""
+    cancelled = False
     while not task.done():
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = cancelled or not task.done()
     task.result()
+    return cancelled

@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any, Generic, TypeVar
 
@@ -82,6 +82,8 @@ class AsyncWorker(Generic[T]):
         # or by _process, whose task was cancelled from outside): a CancelledError from
         # any other handler is the handler's own failure.
         self._handed_back: set[tuple[int, int]] = set()
+        # One per dequeue or hand-back under way: the queue's close() waits for them.
+        self._under_way: set[asyncio.Future[None]] = set()
         self._reported_not_async = False  # _work.report_not_async: once per worker
 
     # -- control --------------------------------------------------------------------
@@ -121,6 +123,7 @@ class AsyncWorker(Generic[T]):
         if self._stopping_now:
             self._grace_over.set()
         leave = _signals.join(loop, self)
+        self.queue._before_close.add(self._before_queue_closes)
         background = [asyncio.create_task(self._heartbeat_loop(), name="fairq-heartbeat")]
         if self.options.listen and self.queue.conninfo is None:
             log.warning("the queue's pool computes its conninfo: no LISTEN, polling only")
@@ -144,6 +147,7 @@ class AsyncWorker(Generic[T]):
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             leave()
+            self.queue._before_close.discard(self._before_queue_closes)
             self._loop = None
             if self._doorbell_conn is not None:
                 await self._doorbell_conn.close()  # lets go of the doorbell
@@ -202,16 +206,17 @@ class AsyncWorker(Generic[T]):
         messages back, however often run() is cancelled meanwhile (0.7.36 let a second
         cancellation cut that short, and the messages stayed locked)."""
         wait = _work.ConnectionWait(time.monotonic())
-        while True:
-            try:
-                async with self.queue.connection(
-                        timeout=wait.SLICE.total_seconds()) as conn:
-                    return await self.queue.dequeue(self.options.lock, free, conn=conn)
-            except PoolTimeout:
-                if self._stopping:
-                    return []
-                if wait.over(time.monotonic()):
-                    raise
+        with self._tracked():
+            while True:
+                try:
+                    async with self.queue.connection(
+                            timeout=wait.SLICE.total_seconds()) as conn:
+                        return await self.queue.dequeue(self.options.lock, free, conn=conn)
+                except PoolTimeout:
+                    if self._stopping:
+                        return []
+                    if wait.over(time.monotonic()):
+                        raise
 
     async def _may_sleep(self) -> bool:
         """With the doorbell: hold it and hear "quiet" before sleeping (False: look
@@ -349,10 +354,11 @@ class AsyncWorker(Generic[T]):
 
     # -- stopping -------------------------------------------------------------------
 
-    async def _drain(self, grace: timedelta) -> None:
+    async def _drain(self, grace: timedelta, spare: asyncio.Task[Any] | None = None) -> None:
         """Waits up to ``grace`` for handlers (less, if ``stop(now=True)`` ends it), then
         hands back what still runs and cancels its task (its outcome no longer counts:
-        the message is not ours)."""
+        the message is not ours), but for ``spare`` (a handler that closes the queue:
+        it waits for this)."""
         tasks = [task for _, task in self._running.values()]
         if tasks and grace > timedelta(0) and not self._grace_over.is_set():
             # (Neither wait cancels what it waits for: the handlers run on, and are
@@ -371,11 +377,42 @@ class AsyncWorker(Generic[T]):
                 if _work.delivery(message) not in self._handed_back]
         self._handed_back.update(_work.delivery(message) for message in back)
         await self._hand_back(back)
-        for _, task in left:
+        tasks = [task for _, task in left if task is not spare]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*(task for _, task in left), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _before_queue_closes(self, closer: asyncio.Task[Any] | None) -> None:
+        """Called by ``AsyncQueue.close()`` (in task ``closer``) while run() runs, before
+        the queue's own pool closes: every call of the worker's would fail after it,
+        hand-backs included, and what it held waited for its locks. So what runs is
+        handed back now and its tasks cancelled, run() stops as with
+        ``stop(now=True)``, and the hand-backs already under way (run()'s own, or a
+        handler's task cancelled from outside) end first."""
+        self._request_stop(True)
+        while True:
+            await self._drain(timedelta(0), spare=closer)
+            if not self._under_way:
+                return
+            # Then again: a dequeue's messages are running by the time it is seen over.
+            await asyncio.wait(set(self._under_way))
+
+    @contextlib.contextmanager
+    def _tracked(self) -> Iterator[None]:
+        """Marks a dequeue or hand-back under way, for the queue's close() to wait for."""
+        under_way: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._under_way.add(under_way)
+        try:
+            yield
+        finally:
+            self._under_way.discard(under_way)
+            under_way.set_result(None)
 
     async def _hand_back(self, messages: list[AsyncMessage[T]]) -> None:
+        with self._tracked():
+            await self._give_back(messages)
+
+    async def _give_back(self, messages: list[AsyncMessage[T]]) -> None:
         """Each hand-back waits ``HAND_BACK_CONNECTION_WAIT`` at most for a connection,
         and the first that gets none leaves the rest to their locks' expiry."""
         wait = _work.HAND_BACK_CONNECTION_WAIT.total_seconds()
