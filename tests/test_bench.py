@@ -466,3 +466,53 @@ def test_a_json_path_it_cannot_write_is_refused_before_the_run(
     # the id sequence as it was): read from the database, not from how long it took.
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT is_called FROM fairq.message_id_seq").fetchone() == (False,)
+
+
+@needs_pgbench
+@pytest.mark.parametrize(("stop", "handler"), [
+    (signal.SIGINT, "python"),  # Python's own Ctrl-C handler, as for bench.run() from code
+    (signal.SIGTERM, "bench"),  # fairq bench's handler (cli), which SIGINT shares
+], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_right_after_pgbench_starts_still_ends_it(
+        dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: signal.Signals,
+        handler: str) -> None:
+    """A signal between Popen's return and the bench listing the process: nobody ended
+    that pgbench, and it went on writing to the database (or the throwaway cluster)
+    that the interrupted bench was emptying (or removing) on its way out. A real signal
+    right after the fork, by a hook in Popen: not a race against the clock."""
+    from fairq.bench import pgbench as pgbench_module
+    from fairq.bench.cli import _interrupt
+    from fairq.bench.pgbench import Pgbench, pgbench_binary
+    from fairq.bench.throughput import throughput
+
+    started: list[subprocess.Popen[str]] = []
+    real_popen = subprocess.Popen
+
+    def popen_then_signal(*args: object, **kwargs: object) -> subprocess.Popen[str]:
+        proc: subprocess.Popen[str] = real_popen(*args, **kwargs)  # type: ignore[call-overload]
+        started.append(proc)
+        signal.raise_signal(stop)  # (its handler runs before raise_signal returns)
+        return proc
+
+    prepare_database(dsn)
+    runner = Pgbench(dsn, pgbench_binary(), tmp_path)
+    # A minute of -T: a pgbench left running is still running when it is looked at.
+    sizes = dataclasses.replace(bench.TINY, throughput_s=60)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(pgbench_module.subprocess, "Popen", popen_then_signal)
+    try:
+        if handler == "bench":
+            for s in previous:
+                signal.signal(s, _interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            throughput(runner, "floor", sizes, batched=False)
+        assert len(started) == 1  # the producers' pgbench; the consumers' never started
+        assert started[0].poll() is not None, "a pgbench outlived the interrupted run"
+        assert runner.running == []
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        for proc in started:  # a failed run must not leak a pgbench
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()

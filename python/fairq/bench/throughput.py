@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -126,17 +125,18 @@ def throughput(bench: Pgbench, kind: str, sizes: Sizes, batched: bool,
         ctx = during() if during is not None else contextlib.nullcontext()
         with ctx, _gatekeeper(bench.dsn, kind, sizes.throughput_backlog):
             began = time.monotonic()
-            procs: list[subprocess.Popen[str]] = []
             try:
-                procs.append(bench.start(f"{kind}-producer", producer, sizes.producers, seconds,
-                                         options))
-                procs.append(bench.start(f"{kind}-consumer", consumer, sizes.consumers, seconds,
-                                         options))
+                procs = [bench.start(f"{kind}-producer", producer, sizes.producers, seconds,
+                                     options),
+                         bench.start(f"{kind}-consumer", consumer, sizes.consumers, seconds,
+                                     options)]
                 outputs = [Pgbench.finish(p, seconds) for p in procs]
             finally:
-                # (An interrupt or a failed pgbench left the other running, ungated, for
+                # Every pgbench the runner started, not only those this frame got back:
+                # one interrupted before its start() returned was never ended. (An
+                # interrupt or a failed pgbench left the other running, ungated, for
                 # the rest of its -T.)
-                Pgbench.stop(procs)
+                bench.stop_all()
             elapsed = time.monotonic() - began
         made1, left1 = _counts(conn, kind)
         statements = top_statements(conn) if profile else None
