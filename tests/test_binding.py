@@ -370,6 +370,77 @@ def test_calls_from_tasks_started_inside_an_async_transaction_on_a_shared_connec
         asyncio.run(scenario(autocommit))
 
 
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_calls_joined_to_an_async_transaction_end_inside_it(dsn: str, autocommit: bool) -> None:
+    """Tasks started inside ``AsyncQueue.transaction()`` whose calls are under way or
+    waiting their turn when the block's body raises: they ran once the transaction was
+    over. With autocommit, the one waiting was committed on its own, outside the
+    rollback; without, the block's exit failed with OutOfOrderTransactionNesting (the
+    call's savepoint still open) instead of the block's own error. They end inside the
+    transaction now, and roll back with it."""
+    async def scenario() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit) as aconn:
+            aqueue = AsyncQueue(aconn)
+            calls: list[asyncio.Task[Any]] = []
+            with pytest.raises(RuntimeError, match="roll back"):
+                async with aqueue.transaction():
+                    calls = [asyncio.create_task(aqueue.send(c, b"x")) for c in "ab"]
+                    # One step each: the first call's statement is sent, the second
+                    # waits for its turn (asyncio runs ready tasks in order).
+                    await asyncio.sleep(0)
+                    assert not any(call.done() for call in calls)
+                    raise RuntimeError("roll back")
+            assert all(call.done() for call in calls)  # the block ended once they had
+            for call in calls:
+                assert call.result().status is CreateStatus.CREATED
+            assert aconn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+            assert [c.channel for c in await aqueue.channels() if c.size] == []
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_an_async_transaction_cancelled_while_a_joined_call_runs_rolls_back_after_it(
+        dsn: str, autocommit: bool) -> None:
+    """The block's task cancelled while a call that joined it waits for a table lock:
+    the transaction ended under that call, whose exit then failed; the connection
+    went to the next user with the call still running on it. The block now lets the
+    joined calls end, then rolls back and raises the CancelledError."""
+    async def scenario() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit) as aconn, \
+                await psycopg.AsyncConnection.connect(dsn) as locker, \
+                await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watch:
+            aqueue = AsyncQueue(aconn)
+            await locker.execute("LOCK TABLE fairq.message IN ACCESS EXCLUSIVE MODE")
+            calls: list[asyncio.Task[Any]] = []
+            ending = asyncio.Event()
+
+            async def block() -> None:
+                async with aqueue.transaction():
+                    calls.extend(asyncio.create_task(aqueue.send(c, b"x")) for c in "ab")
+                    ending.set()
+
+            task = asyncio.create_task(block())
+            await ending.wait()
+            deadline = time.monotonic() + 30
+            while await (await watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE '%%message_create%%'")).fetchone() != (1,):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            task.cancel()
+            await asyncio.sleep(0)  # the cancellation is delivered, the call still waits
+            assert not task.done() and not calls[0].done()
+            await locker.commit()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 30)
+            assert [call.result().status for call in calls] == [CreateStatus.CREATED] * 2
+            assert aconn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+            assert [c.channel for c in await aqueue.channels() if c.size] == []
+            await aqueue.send("after", b"y")
+            assert [c.channel for c in await aqueue.channels() if c.size] == ["after"]
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
 def test_an_async_dequeue_cancelled_after_the_server_answered_hands_its_messages_back(
         dsn: str) -> None:
     """A dequeue under asyncio.timeout (or wait_for, or a cancelled task) whose answer

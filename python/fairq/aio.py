@@ -63,6 +63,12 @@ class _Hold:
     joined: asyncio.Lock = field(default_factory=asyncio.Lock)
     active: bool = True
 
+    async def end(self) -> None:
+        """Waits for the calls that joined this use, those under way and those waiting
+        their turn, and then takes no more: a later one waits for the connection."""
+        async with self.joined:
+            self.active = False
+
 
 @dataclass
 class _Shared:
@@ -72,7 +78,8 @@ class _Shared:
     task of its own (``asyncio.wait_for`` makes one before Python 3.12, ``gather`` one
     per call). Reentrant by task alone, such a call waited for the block that waited
     for it: until the timeout, or for ever. A task started before the block (or one
-    still waiting when the block ends) waits for the connection as any other."""
+    whose call comes once the block's body is over) waits for the connection as any
+    other."""
 
     conn: AsyncConnection
     lock: asyncio.Lock
@@ -81,21 +88,32 @@ class _Shared:
         default_factory=lambda: ContextVar("fairq_shared_hold", default=None))
 
     @asynccontextmanager
-    async def held(self) -> AsyncIterator[None]:
+    async def held(self, block: bool) -> AsyncIterator[AsyncConnection]:
+        """The connection, for a call (in a transaction of its own unless autocommit) or
+        a ``transaction()`` ``block`` (in one more). The calls that joined this use end
+        inside its transaction, before it commits or rolls back: they belong to it.
+        Waited for once it had ended, one still waiting its turn ran after the commit
+        (and outside a rollback), and without autocommit one under way made the
+        block's exit fail with OutOfOrderTransactionNesting."""
         lock, joined = await self._acquire()
         hold = _Hold(joined)
         token = self.hold.set(hold)
         try:
-            yield
+            async with contextlib.AsyncExitStack() as stack:
+                for _ in range((0 if self.conn.autocommit else 1) + int(block)):
+                    await stack.enter_async_context(self.conn.transaction())
+                try:
+                    yield self.conn
+                finally:
+                    # Not cut short by a cancellation: a joined call still running
+                    # when the transaction ends fails its exit, and the connection
+                    # with it. The cancellation rolls the block back once they end.
+                    if await finish(asyncio.ensure_future(hold.end())):
+                        raise asyncio.CancelledError
         finally:
             self.hold.reset(token)
-            try:
-                # Calls that joined this use end first: they belong to its transaction.
-                async with hold.joined:
-                    pass
-            finally:
-                hold.active = False
-                lock.release()
+            hold.active = False
+            lock.release()
 
     async def _acquire(self) -> tuple[asyncio.Lock, _Hold | None]:
         """The lock to hold: that of the innermost use this task's context is inside
@@ -192,13 +210,8 @@ class AsyncQueue(Generic[T]):
         ``psycopg_pool.PoolTimeout`` (None: the pool's own timeout); a queue on a single
         connection waits for it as long as another call holds it."""
         if isinstance(self._backend, _Shared):
-            shared = self._backend.conn
-            async with self._backend.held():
-                if shared.autocommit:
-                    yield shared
-                else:
-                    async with shared.transaction():
-                        yield shared
+            async with self._backend.held(block=False) as shared:
+                yield shared
         else:
             await self.open()
             async with self._backend.connection(timeout=timeout) as conn:
@@ -208,6 +221,11 @@ class AsyncQueue(Generic[T]):
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
         """A connection in a transaction that commits when the block ends without error:
         pass it as ``conn=`` to make several calls atomic."""
+        if isinstance(self._backend, _Shared):
+            # (The calls that joined it end inside its transaction: _Shared.held.)
+            async with self._backend.held(block=True) as shared:
+                yield shared
+            return
         async with self.connection() as conn, conn.transaction():
             yield conn
 
