@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -654,6 +655,55 @@ def test_closing_the_queue_while_run_goes_on_hands_the_work_back_first(
     assert caplog.text.count("handed back as the worker stops (deferred)") == 2, caplog.text
     with Queue(hdsn) as queue:  # back now, not in 5 min
         assert sorted(m.num_attempts for m in queue.dequeue(timedelta(seconds=30), 10)) == [2, 2]
+
+
+def test_a_handler_closing_the_queue_through_tasks_of_its_own_does_not_hang(
+        hdsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A handler that closes the queue under ``asyncio.gather`` (or ``wait_for``, a
+    task of its own before 3.12), twice at once: close() waited for every handler's
+    task but the closer's own, the handler waited for the gather, which waited for
+    close(): run() and close() for ever. Each message is handed back once."""
+    seen: list[int] = []
+
+    async def scenario() -> None:
+        queue = AsyncQueue(hdsn)
+        await queue.open()
+        await queue.send_many([NewMessage(f"t{i}", b"job") for i in range(3)])
+        handlers = [Endless() for _ in range(2)]
+
+        async def handler(message: AsyncMessage[bytes]) -> None:
+            seen.append(message.id)
+            if len(seen) < 3:
+                await handlers[len(seen) - 1](message)
+            else:
+                await until(lambda: all(h.started.is_set() for h in handlers))
+                await asyncio.gather(queue.close(), queue.close())
+
+        worker = AsyncWorker(queue, handler, concurrency=3, lock=timedelta(minutes=5), **FAST)
+        await worker.run()
+        assert all(h.cancelled.is_set() for h in handlers)
+
+    failed: list[BaseException] = []
+
+    def checked() -> None:  # (a hang must fail the test, not the session)
+        try:
+            asyncio.run(scenario())
+        except BaseException as exc:
+            failed.append(exc)
+
+    with caplog.at_level(logging.WARNING, logger="fairq.worker"):
+        thread = threading.Thread(target=checked, daemon=True)
+        thread.start()
+        thread.join(TIMEOUT)
+    assert not thread.is_alive(), "close() from a handler's task hung"
+    if failed:
+        raise failed[0]
+    assert len(seen) == 3
+    assert "could not" not in caplog.text
+    assert caplog.text.count("handed back as the worker stops (deferred)") == 3, caplog.text
+    with Queue(hdsn) as queue:  # back now, once each, not in 5 min
+        assert sorted((m.id, m.num_attempts) for m in queue.dequeue(timedelta(seconds=30), 10)) \
+            == [(i, 2) for i in sorted(seen)]
 
 
 def test_a_handler_raising_a_base_exception_fails_its_message(hdsn: str) -> None:

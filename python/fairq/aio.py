@@ -166,9 +166,8 @@ class AsyncQueue(Generic[T]):
             self._backend = source
         else:
             self._backend = _Shared(source, asyncio.Lock())
-        # What the AsyncWorkers running on the queue do before its own pool closes
-        # (given the task that closes it).
-        self._before_close: set[Callable[[asyncio.Task[Any] | None], Awaitable[None]]] = set()
+        # What the AsyncWorkers running on the queue do before its own pool closes.
+        self._before_close: set[Callable[[], Awaitable[None]]] = set()
 
     async def open(self) -> None:
         if self._owned_pool is not None and self._owned_pool.closed:
@@ -186,10 +185,10 @@ class AsyncQueue(Generic[T]):
         re-raised once the pool is closed."""
         if self._owned_pool is None:
             return
-        cancelled, closer = False, asyncio.current_task()
+        cancelled = False
         try:
             for hand_back in list(self._before_close):
-                cancelled |= await finish(asyncio.ensure_future(hand_back(closer)))
+                cancelled |= await finish(asyncio.ensure_future(hand_back()))
         finally:
             await self._owned_pool.close()
         if cancelled:

@@ -354,11 +354,10 @@ class AsyncWorker(Generic[T]):
 
     # -- stopping -------------------------------------------------------------------
 
-    async def _drain(self, grace: timedelta, spare: asyncio.Task[Any] | None = None) -> None:
+    async def _drain(self, grace: timedelta, *, wait: bool = True) -> None:
         """Waits up to ``grace`` for handlers (less, if ``stop(now=True)`` ends it), then
         hands back what still runs and cancels its task (its outcome no longer counts:
-        the message is not ours), but for ``spare`` (a handler that closes the queue:
-        it waits for this)."""
+        the message is not ours), and waits for those tasks unless ``wait`` is False."""
         tasks = [task for _, task in self._running.values()]
         if tasks and grace > timedelta(0) and not self._grace_over.is_set():
             # (Neither wait cancels what it waits for: the handlers run on, and are
@@ -377,21 +376,24 @@ class AsyncWorker(Generic[T]):
                 if _work.delivery(message) not in self._handed_back]
         self._handed_back.update(_work.delivery(message) for message in back)
         await self._hand_back(back)
-        tasks = [task for _, task in left if task is not spare]
+        tasks = [task for _, task in left]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if wait:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _before_queue_closes(self, closer: asyncio.Task[Any] | None) -> None:
-        """Called by ``AsyncQueue.close()`` (in task ``closer``) while run() runs, before
-        the queue's own pool closes: every call of the worker's would fail after it,
-        hand-backs included, and what it held waited for its locks. So what runs is
-        handed back now and its tasks cancelled, run() stops as with
-        ``stop(now=True)``, and the hand-backs already under way (run()'s own, or a
-        handler's task cancelled from outside) end first."""
+    async def _before_queue_closes(self) -> None:
+        """Called by ``AsyncQueue.close()`` while run() runs, before the queue's own pool
+        closes: every call of the worker's would fail after it, hand-backs included,
+        and what it held waited for its locks. So what runs is handed back now and its
+        tasks cancelled, run() stops as with ``stop(now=True)``, and the hand-backs
+        already under way (run()'s own, or a handler's task cancelled from outside)
+        end first. The handlers' tasks are not waited for (run() does): one may be the
+        closer, or wait for it (``await asyncio.wait_for(queue.close(), t)`` in a
+        handler, a task of its own before 3.12), and close() waited for it for ever."""
         self._request_stop(True)
         while True:
-            await self._drain(timedelta(0), spare=closer)
+            await self._drain(timedelta(0), wait=False)
             if not self._under_way:
                 return
             # Then again: a dequeue's messages are running by the time it is seen over.
