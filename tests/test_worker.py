@@ -683,6 +683,52 @@ def test_stop_now_hands_back_what_runs_without_waiting(queue: Queue[bytes]) -> N
     assert (msg.id, msg.num_attempts) == (sent.id, 2)
 
 
+@pytest.mark.parametrize("closer", ["another thread", "a handler"])
+def test_closing_the_queue_while_run_goes_on_hands_the_work_back_first(
+        dsn: str, caplog: pytest.LogCaptureFixture, closer: str) -> None:
+    """``Queue.close()`` (leaving ``with Queue(dsn)``) while a Worker's run() goes on
+    in another thread: the pool closed under it, every hand-back then failed ("could
+    not hand back ... the pool is already closed") and the messages waited for their
+    5 min locks. close() has the worker hand them back and stop first, as
+    AsyncQueue.close() does, also when a handler closes the queue."""
+    queue: Queue[bytes] = Queue(dsn)
+    sent = queue.send_many([NewMessage(f"t{i}", b"job") for i in range(3)])
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def handler(message: Message[bytes]) -> None:
+        started.release()
+        release.wait(120)
+
+    def closing_handler(message: Message[bytes]) -> None:
+        for _ in range(2):
+            assert started.acquire(timeout=60)
+        queue.close()
+
+    handlers = iter([handler, handler, closing_handler] if closer == "a handler"
+                    else [handler] * 3)
+    worker = Worker(queue, lambda message: next(handlers)(message), concurrency=3,
+                    lock=timedelta(minutes=5), grace_period=timedelta(hours=1),
+                    poll_interval=timedelta(milliseconds=100), listen=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="fairq.worker"):
+            thread.start()
+            if closer == "another thread":
+                for _ in range(3):
+                    assert started.acquire(timeout=60)
+                queue.close()
+            thread.join(60)
+            assert not thread.is_alive(), "run() went on after close()"
+    finally:
+        release.set()
+    assert "could not" not in caplog.text
+    assert caplog.text.count("handed back as the worker stops (deferred)") == 3, caplog.text
+    with Queue(dsn) as again:  # back now, once each, not in 5 min
+        assert sorted((m.id, m.num_attempts) for m in again.dequeue(timedelta(seconds=30), 10)) \
+            == [(r.id, 2) for r in sent]
+
+
 def test_sigkill_message_returns_after_its_lock_and_completes_once(queue: Queue[bytes],
                                                                   dsn: str,
                                                                   tmp_path: Path) -> None:

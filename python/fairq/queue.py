@@ -9,7 +9,7 @@ its own on the queue's connection or pool.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -106,6 +106,10 @@ class Queue(Generic[T]):
             self._backend = source
         else:
             self._backend = _Shared(source, threading.RLock())
+        # What the Workers running on the queue do before its own pool closes (each
+        # registers in its run()'s thread, close() calls them in its own).
+        self._before_close: set[Callable[[], None]] = set()
+        self._before_close_lock = threading.Lock()
 
     def open(self) -> None:
         """Opens the pool the queue owns, if it is not open. The constructor already opens
@@ -115,8 +119,20 @@ class Queue(Generic[T]):
             self._owned_pool.open()
 
     def close(self) -> None:
-        """Closes the pool the queue opened itself (a caller's connection or pool stays open)."""
-        if self._owned_pool is not None:
+        """Closes the pool the queue opened itself (a caller's connection or pool stays open).
+
+        The Workers still running on that pool (in other threads) first hand back what
+        they hold (each message deferred to now) and stop, as with ``stop(now=True)``:
+        once the pool is closed their hand-backs could only fail, and the messages
+        waited for their locks. As :meth:`AsyncQueue.close`."""
+        if self._owned_pool is None:
+            return
+        try:
+            with self._before_close_lock:
+                hand_backs = list(self._before_close)
+            for hand_back in hand_backs:
+                hand_back()
+        finally:
             self._owned_pool.close()
 
     def __enter__(self) -> Queue[T]:

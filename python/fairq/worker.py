@@ -136,12 +136,27 @@ class Worker(Generic[T]):
         elif self.options.listen:
             threads.append(threading.Thread(target=self._listen_loop, args=(finished,),
                                             daemon=True, name="fairq-listen"))
+        # Set once this run has handed back what it held: the queue's close() waits for
+        # it before closing its pool, after which every hand-back failed.
+        drained = threading.Event()
+        runner = threading.current_thread()
+
+        def before_queue_closes() -> None:
+            self.stop(now=True)
+            if threading.current_thread() is not runner:  # (else it waited for itself)
+                drained.wait()
+
+        with self.queue._before_close_lock:
+            self.queue._before_close.add(before_queue_closes)
         for thread in threads:
             thread.start()
         try:
             self._dequeue_loop()
             self._drain()
         finally:
+            with self.queue._before_close_lock:
+                self.queue._before_close.discard(before_queue_closes)
+            drained.set()
             finished.set()
             for thread in threads:
                 if thread.name.startswith("fairq-handler"):
