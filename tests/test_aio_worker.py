@@ -318,6 +318,47 @@ def test_stop_now_ends_the_grace_period(hdsn: str) -> None:
     asyncio.run(scenario())
 
 
+def test_stop_now_leaves_a_finished_handlers_settlement_to_it(
+        hdsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As tests/test_worker.py's twin: a handler that has returned, its completion
+    under way, when stop(now=True) ends the grace period. The drain handed the message
+    back and cancelled the completion, and the finished work was handed out again."""
+    import fairq.aio_worker
+    from fairq._work import SUCCESS
+
+    real_settle = fairq.aio_worker.settle
+
+    async def scenario() -> None:
+        settling, go = asyncio.Event(), asyncio.Event()
+
+        async def held_settle(message: AsyncMessage[bytes], settlement: Any,
+                              conn: Any = None) -> Any:
+            if settlement is SUCCESS:  # the handler's completion (not a hand-back)
+                settling.set()
+                await go.wait()
+            return await real_settle(message, settlement, conn)
+
+        monkeypatch.setattr(fairq.aio_worker, "settle", held_settle)
+        async with AsyncQueue(hdsn) as queue:
+            sent = await queue.send("t", b"job")
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                pass
+
+            worker = AsyncWorker(queue, handler, lock=timedelta(minutes=1),
+                                 grace_period=timedelta(hours=1),
+                                 poll_interval=FAST["poll_interval"])
+            task = asyncio.create_task(worker.run())
+            await asyncio.wait_for(settling.wait(), TIMEOUT)
+            worker.stop(now=True)
+            await until(lambda: "_drain" in _awaiting(task))
+            go.set()
+            await asyncio.wait_for(task, 30)
+            assert (await queue.stats()).size == 0  # completed, not back on its channel
+            assert await completions(hdsn) == [(sent.id, 1)]
+    asyncio.run(scenario())
+
+
 def test_stop_is_prompt_with_the_database_out_of_reach(
         dsn: str, caplog: pytest.LogCaptureFixture) -> None:
     """As tests/test_worker.py's twin: with the database gone, stop() waited for the

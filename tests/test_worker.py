@@ -683,6 +683,41 @@ def test_stop_now_hands_back_what_runs_without_waiting(queue: Queue[bytes]) -> N
     assert (msg.id, msg.num_attempts) == (sent.id, 2)
 
 
+def test_stop_now_leaves_a_finished_handlers_settlement_to_it(
+        queue: Queue[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handler that has returned, its completion not yet sent, when stop(now=True)
+    ends the grace period: the drain handed the message back as if it still ran, the
+    hand-back landed first, the completion came back stale, and the finished work was
+    handed out again. Its settlement is left to it now."""
+    import fairq.worker
+    from fairq._work import SUCCESS
+
+    settling, go = threading.Event(), threading.Event()
+    real_settle = fairq.worker.settle
+
+    def held_settle(message: Message[bytes], settlement: Any, conn: Any = None) -> Any:
+        if settlement is SUCCESS:  # the handler's completion (not the drain's hand-back)
+            settling.set()
+            assert go.wait(60)
+        return real_settle(message, settlement, conn)
+
+    monkeypatch.setattr(fairq.worker, "settle", held_settle)
+    queue.send("t", b"job")
+    worker = Worker(queue, lambda message: None, lock=timedelta(minutes=1),
+                    grace_period=timedelta(hours=1),
+                    poll_interval=timedelta(milliseconds=100), listen=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    try:
+        thread.start()
+        assert settling.wait(60)
+        worker.stop(now=True)
+        thread.join(60)
+        assert not thread.is_alive()
+    finally:
+        go.set()
+    eventually(lambda: queue.stats().size == 0)  # completed, not back on its channel
+
+
 @pytest.mark.parametrize("closer", ["another thread", "a handler"])
 def test_closing_the_queue_while_run_goes_on_hands_the_work_back_first(
         dsn: str, caplog: pytest.LogCaptureFixture, closer: str) -> None:

@@ -78,6 +78,10 @@ class AsyncWorker(Generic[T]):
         self._grace_over = asyncio.Event()  # set with _stopping_now
         # by _work.delivery
         self._running: dict[tuple[int, int], tuple[AsyncMessage[T], asyncio.Task[None]]] = {}
+        # Deliveries whose handler has returned and whose settlement is being sent: a
+        # drain neither hands them back nor cancels them (the settlement, cut short or
+        # beaten by the hand-back, made the finished work come back).
+        self._settling: set[tuple[int, int]] = set()
         # The deliveries handed back by the worker (by _drain, whose tasks it cancels,
         # or by _process, whose task was cancelled from outside): a CancelledError from
         # any other handler is the handler's own failure.
@@ -310,6 +314,7 @@ class AsyncWorker(Generic[T]):
                     stopping = _work.stops_worker(exc)
                 else:
                     settlement = _work.SUCCESS
+            self._settling.add(_work.delivery(message))
             _work.report_settlement(message, settlement, await settle(message, settlement))
             if stopping:
                 self.stop()
@@ -320,6 +325,7 @@ class AsyncWorker(Generic[T]):
         finally:
             self._running.pop(_work.delivery(message), None)
             self._handed_back.discard(_work.delivery(message))
+            self._settling.discard(_work.delivery(message))
             self._wake.set()
 
     async def _heartbeat_loop(self) -> None:
@@ -370,7 +376,10 @@ class AsyncWorker(Generic[T]):
             finally:
                 finished.cancel()
                 grace_over.cancel()
-        left = list(self._running.values())
+        settling = [task for message, task in self._running.values()
+                    if _work.delivery(message) in self._settling]
+        left = [(message, task) for message, task in self._running.values()
+                if _work.delivery(message) not in self._settling]
         # (Not those _process hands back itself: its task was cancelled from outside.)
         back = [message for message, _ in left
                 if _work.delivery(message) not in self._handed_back]
@@ -380,7 +389,7 @@ class AsyncWorker(Generic[T]):
         for task in tasks:
             task.cancel()
         if wait:
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *settling, return_exceptions=True)
 
     async def _before_queue_closes(self) -> None:
         """Called by ``AsyncQueue.close()`` while run() runs, before the queue's own pool

@@ -87,6 +87,10 @@ class Worker(Generic[T]):
         self._running = threading.Lock()  # held by run(): one at a time
         self._wake = threading.Event()
         self._in_flight: dict[tuple[int, int], Message[T]] = {}  # by _work.delivery
+        # Deliveries whose handler has returned and whose settlement is being sent: the
+        # grace period's end leaves them to it (a hand-back then made the finished work
+        # come back, if it landed first).
+        self._settling: set[tuple[int, int]] = set()
         self._in_flight_changed = threading.Condition()
         # Messages for this run's handler threads; None tells one of them to end. A
         # queue per run: a handler still running from a run that returned takes its
@@ -313,6 +317,7 @@ class Worker(Generic[T]):
             finally:
                 with self._in_flight_changed:
                     self._in_flight.pop(_work.delivery(message), None)
+                    self._settling.discard(_work.delivery(message))
                     self._in_flight_changed.notify_all()
                 self._wake.set()
 
@@ -332,6 +337,8 @@ class Worker(Generic[T]):
                 stopping = _work.stops_worker(exc)
             else:
                 settlement = _work.SUCCESS
+        with self._in_flight_changed:
+            self._settling.add(_work.delivery(message))
         _work.report_settlement(message, settlement, settle(message, settlement))
         if stopping:
             self.stop()
@@ -380,7 +387,8 @@ class Worker(Generic[T]):
             while (self._in_flight and not self._stopping_now.is_set()
                    and time.monotonic() < deadline):
                 self._in_flight_changed.wait(deadline - time.monotonic())
-            left = list(self._in_flight.values())
+            left = [message for delivery, message in self._in_flight.items()
+                    if delivery not in self._settling]
             # No longer this worker's: not heartbeated, not started if still waiting
             # for a thread, and no slot taken when run() is called again.
             self._in_flight.clear()
