@@ -294,6 +294,78 @@ def test_queue_on_pools(dsn: str) -> None:
     asyncio.run(scenario())
 
 
+def _frames(thread: threading.Thread) -> set[str]:
+    frame = sys._current_frames().get(thread.ident or 0)
+    names = set()
+    while frame is not None:
+        names.add(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
+
+
+def test_two_queues_on_one_connection_take_turns_with_a_transaction(dsn: str) -> None:
+    """Queues "a" and "b" on one connection: with a transaction() of "a" open in one
+    thread, a send of "b" in another ran inside it (each queue had its own lock on the
+    connection): "b" answered created, and the message went with "a"'s rollback. It
+    waits for the block now, and is its own."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first, second = Queue(conn, name="a"), Queue(conn, name="b")
+        inside, go = threading.Event(), threading.Event()
+        results: list[Any] = []
+
+        def rolled_back() -> None:
+            with pytest.raises(RuntimeError), first.transaction():
+                first.send("x", b"a")
+                inside.set()
+                assert go.wait(60)
+                raise RuntimeError("roll back")
+
+        block = threading.Thread(target=rolled_back, daemon=True)
+        block.start()
+        assert inside.wait(60)
+        other = threading.Thread(target=lambda: results.append(second.send("y", b"b")),
+                                 daemon=True)
+        other.start()
+        # Until "b"'s send has run (before) or waits for the connection (now).
+        deadline = time.monotonic() + 60
+        while other.is_alive() and "connection" not in _frames(other):
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        go.set()
+        block.join(60)
+        other.join(60)
+        assert [r.status for r in results] == [CreateStatus.CREATED]
+        assert (first.stats().size, second.stats().size) == (0, 1)
+
+
+def test_two_async_queues_on_one_connection_take_turns_with_a_transaction(dsn: str) -> None:
+    """As the sync twin above: a task's send of "b" ran inside another task's
+    transaction() block of "a", and went with its rollback."""
+    async def scenario() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            afirst, asecond = AsyncQueue(aconn, name="a"), AsyncQueue(aconn, name="b")
+            inside, go = asyncio.Event(), asyncio.Event()
+
+            async def rolled_back() -> None:
+                with pytest.raises(RuntimeError):
+                    async with afirst.transaction():
+                        await afirst.send("x", b"a")
+                        inside.set()
+                        await go.wait()
+                        raise RuntimeError("roll back")
+
+            block = asyncio.create_task(rolled_back())
+            await inside.wait()
+            other = asyncio.create_task(asecond.send("y", b"b"))
+            for _ in range(100):  # its send runs (before) or waits for the lock (now)
+                await asyncio.sleep(0)
+            go.set()
+            await block
+            assert (await other).status is CreateStatus.CREATED
+            assert ((await afirst.stats()).size, (await asecond.stats()).size) == (0, 1)
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
 def test_a_call_without_conn_inside_a_transaction_on_a_shared_connection_joins_it(
         dsn: str) -> None:
     """It waited for the lock its own block held, for ever: run where a hang fails."""

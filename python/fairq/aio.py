@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -83,9 +85,18 @@ class _Shared:
 
     conn: AsyncConnection
     lock: asyncio.Lock
-    # (A variable per connection: a task inside uses of two queues' connections joins each.)
-    hold: ContextVar[_Hold | None] = field(
-        default_factory=lambda: ContextVar("fairq_shared_hold", default=None))
+    # (A variable per connection: a task inside uses of two connections joins each.)
+    hold: ContextVar[_Hold | None]
+
+    @classmethod
+    def of(cls, conn: AsyncConnection) -> _Shared:
+        """The connection's one lock and hold, whichever queues use it: two queues (two
+        names) on one connection took turns by two locks, and one's calls ran inside the
+        other's transaction() block, committed or rolled back with it."""
+        with _CONNECTION_TURNS_LOCK:
+            lock, hold = _CONNECTION_TURNS.setdefault(
+                conn, (asyncio.Lock(), ContextVar("fairq_shared_hold", default=None)))
+        return cls(conn, lock, hold)
 
     @asynccontextmanager
     async def held(self, block: bool) -> AsyncIterator[AsyncConnection]:
@@ -130,6 +141,12 @@ class _Shared:
         return self.lock, None
 
 
+# (Weak keys: a connection's lock and hold live as long as it.)
+_CONNECTION_TURNS: weakref.WeakKeyDictionary[
+    AsyncConnection, tuple[asyncio.Lock, ContextVar[_Hold | None]]] = weakref.WeakKeyDictionary()
+_CONNECTION_TURNS_LOCK = threading.Lock()
+
+
 class AsyncQueue(Generic[T]):
     """fairq over psycopg 3, with asyncio: the queue ``name`` (default ``"default"``).
     ``source`` is a conninfo string (the queue then owns a pool: ``await queue.open()``
@@ -165,7 +182,7 @@ class AsyncQueue(Generic[T]):
         elif isinstance(source, AsyncConnectionPool):
             self._backend = source
         else:
-            self._backend = _Shared(source, asyncio.Lock())
+            self._backend = _Shared.of(source)
         # What the AsyncWorkers running on the queue do before its own pool closes.
         self._before_close: set[Callable[[], Awaitable[None]]] = set()
 

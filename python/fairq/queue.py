@@ -9,6 +9,7 @@ its own on the queue's connection or pool.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,6 +66,21 @@ class _Shared:
     conn: Connection
     lock: threading.RLock
 
+    @classmethod
+    def of(cls, conn: Connection) -> _Shared:
+        """The connection's one lock, whichever queues use it: two queues (two names) on
+        one connection took turns by two locks, and one's calls ran inside the other's
+        transaction() block, committed or rolled back with it."""
+        with _CONNECTION_LOCKS_LOCK:
+            lock = _CONNECTION_LOCKS.setdefault(conn, threading.RLock())
+        return cls(conn, lock)
+
+
+# (Weak keys: a lock lives as long as its connection.)
+_CONNECTION_LOCKS: weakref.WeakKeyDictionary[Connection, threading.RLock] = (
+    weakref.WeakKeyDictionary())
+_CONNECTION_LOCKS_LOCK = threading.Lock()
+
 
 class Queue(Generic[T]):
     """fairq over psycopg 3, synchronously: the queue ``name`` (default ``"default"``).
@@ -105,7 +121,7 @@ class Queue(Generic[T]):
         elif isinstance(source, ConnectionPool):
             self._backend = source
         else:
-            self._backend = _Shared(source, threading.RLock())
+            self._backend = _Shared.of(source)
         # What the Workers running on the queue do before its own pool closes (each
         # registers in its run()'s thread, close() calls them in its own).
         self._before_close: set[Callable[[], None]] = set()
