@@ -14,11 +14,11 @@ import os
 from datetime import timedelta
 
 from fairq._source import checked_conninfo
-from fairq._sql import name_problem
+from fairq._sql import INTEGER, name_problem
 from fairq.types import MAX_DURATION
 
 __all__ = ["dsn_or_environment", "port", "positive_integer", "positive_seconds", "queue_name",
-           "seconds"]
+           "seconds", "whole_number"]
 
 #: Ports a server may listen on; 0 lets the system choose a free one (printed at start).
 PORTS = range(0, 65536)
@@ -36,15 +36,23 @@ def port(text: str) -> int:
     return value
 
 
-def positive_integer(text: str) -> int:
-    """A count of at least 1 (rows shown, partitions read), below 2**31."""
+def whole_number(text: str, allowed: range) -> int:
+    """A whole number in ``allowed``: checked here, a usage error naming its option (a
+    number too large for the SQL's type failed in the database, naming none, or before
+    it with a traceback)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if not 1 <= value < 2**31:
-        raise argparse.ArgumentTypeError(f"expected 1 to {2**31 - 1}, got {value}")
+    if value not in allowed:
+        raise argparse.ArgumentTypeError(
+            f"expected {allowed.start} to {allowed.stop - 1}, got {value}")
     return value
+
+
+def positive_integer(text: str) -> int:
+    """A count of at least 1 (rows shown, partitions read) that an SQL integer holds."""
+    return whole_number(text, range(1, INTEGER.stop))
 
 
 def queue_name(text: str) -> str:

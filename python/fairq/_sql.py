@@ -50,8 +50,6 @@ Row = tuple[Any, ...]
 INTEGER = range(-2**31, 2**31)
 BIGINT = range(-2**63, 2**63)
 
-
-
 #: fairq's limit on names (channels and queues), in bytes of UTF-8 (sql/validate.sql;
 #: tests/test_spark.py checks it against the SQL at the edges).
 MAX_NAME_BYTES = 255

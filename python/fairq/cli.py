@@ -113,44 +113,30 @@ def _arguments_checked() -> Iterator[None]:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def _whole(text: str, allowed: range) -> int:
-    """A whole number in ``allowed``: checked here, a usage error naming its option (a
-    number too large for the SQL's type failed in the database, naming none, or before
-    it with a traceback)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value not in allowed:
-        raise argparse.ArgumentTypeError(
-            f"expected {allowed.start} to {allowed.stop - 1}, got {value}")
-    return value
-
-
 def _integer(text: str) -> int:
     """A value of an SQL integer argument (a limit, a priority, a weight)."""
-    return _whole(text, _sql.INTEGER)
+    return _arguments.whole_number(text, _sql.INTEGER)
 
 
 def _bigint(text: str) -> int:
     """A value of an SQL bigint argument (a message id)."""
-    return _whole(text, _sql.BIGINT)
+    return _arguments.whole_number(text, _sql.BIGINT)
 
 
 def _count(text: str) -> int:
     """A number of rows to list: none or more."""
-    return _whole(text, range(0, _sql.INTEGER.stop))
+    return _arguments.whole_number(text, range(0, _sql.INTEGER.stop))
 
 
 def _interval_ms(text: str) -> int:
     """A channel's release interval in milliseconds, at most the SQL's longest duration
     (beyond it, building the timedelta ended in an OverflowError traceback)."""
-    return _whole(text, range(0, MAX_DURATION // timedelta(milliseconds=1) + 1))
+    return _arguments.whole_number(text, range(0, MAX_DURATION // timedelta(milliseconds=1) + 1))
 
 
 def _concurrency(text: str) -> int:
     """A worker's number of handlers: 1 to :data:`MAX_CONCURRENCY`."""
-    return _whole(text, range(1, MAX_CONCURRENCY + 1))
+    return _arguments.whole_number(text, range(1, MAX_CONCURRENCY + 1))
 
 
 def _attempts(text: str) -> int | None:
