@@ -7,6 +7,7 @@ Cron ticks are checked where they land, in the driver's ``dequeue_at`` and in wh
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import uuid
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from fairq import (
     Backoff,
     CreateStatus,
     Message,
+    NewMessage,
     Queue,
     SettleStatus,
     Worker,
@@ -546,3 +548,29 @@ def test_a_tick_reads_the_databases_clock_not_the_hosts(
     assert (result.status, result.next_at) == (SettleStatus.DEFERRED, expected)
     assert driver_row(dsn)[1:] == (expected, 1)  # not due again before then
     assert work_messages(dsn, "reports") == [b"r"]  # one, not eleven
+
+
+@pytest.mark.parametrize("weight", [1, 5])
+def test_drivers_due_together_take_the_periodic_channels_turns(queue: Queue[bytes],
+                                                               weight: int) -> None:
+    """Every driver is a message of the one channel ``fairq.periodic``, which takes its
+    turns like any tenant's: schedules due at the same time go out one a round of the
+    rotation beside busy tenants, and as many a round as its weight (docs/python.md,
+    "Periodic messages": give it a weight as large as the schedules due together)."""
+    tenants = [f"tenant-{i}" for i in range(10)]
+    queue.send_many([NewMessage(tenant, b"t") for tenant in tenants for _ in range(10)])
+    for k in range(5):
+        queue.schedule_periodic(f"report-{k}", timedelta(hours=1), "reports", b"r")
+    if weight > 1:
+        queue.channel_set(PERIODIC_CHANNEL, weight=weight)
+    order = []
+    while len([c for c in order if c == PERIODIC_CHANNEL]) < 5:
+        [message] = queue.dequeue(timedelta(minutes=5))
+        order.append(message.channel)
+        if message.channel != PERIODIC_CHANNEL:
+            message.complete()
+    drivers_at = [i for i, channel in enumerate(order) if channel == PERIODIC_CHANNEL]
+    if weight == 1:  # every tenant served between two drivers: 10 rounds for 5 drivers
+        assert [b - a for a, b in itertools.pairwise(drivers_at)] == [11] * 4
+    else:  # all five as the rotation comes round once (weight 1 takes five rounds)
+        assert drivers_at[-1] < 2 * (len(tenants) + 1)
