@@ -169,6 +169,11 @@ CREATE INDEX message_ready_ix ON fairq.message (channel_id, priority DESC, deque
 -- A channel's scheduled messages, by the time they become due.
 CREATE INDEX message_scheduled_ix ON fairq.message (channel_id, dequeue_at, id)
     WHERE status = 'scheduled';
+-- The same, in the order they will be handed out once due: a dequeue that finds more
+-- come due than it promotes at once promotes the first in this order (dequeue.sql,
+-- step 3), reading past the channel's messages of higher priority not yet due.
+CREATE INDEX message_scheduled_priority_ix ON fairq.message (channel_id, priority DESC, dequeue_at, id)
+    WHERE status = 'scheduled';
 -- A queue's locks that may have expired, oldest expiry first. Only locked messages
 -- have a locked_until; the index says so by that column, not by status, so that a
 -- statement looking for a channel's locked messages cannot be planned through it

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -736,6 +737,34 @@ def test_queue_drain_pauses_and_waits_until_nothing_is_in_flight(dsn: str) -> No
         conn.execute("SELECT fairq.queue_resume('default')")
         assert conn.execute("SELECT count(*) FROM fairq.message_dequeue(600000, 5)"
                             ).fetchone() == (1,)
+
+
+def test_queue_drain_counts_less_often_when_a_count_is_slow(
+        dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drain's count reads every message of the database (0.3 s at 10^6 messages):
+    counting again every 0.5 s kept over half a core busy for as long as the drain
+    waited. It waits four times as long as its last count took, 0.5 s at the least."""
+    from fairq import cli
+    count_s = 0.3
+    really_sleep = time.sleep
+    waits: list[float] = []
+    with psycopg.connect(dsn, autocommit=True) as conn, Queue(dsn) as queue:
+        conn.execute("SELECT fairq.message_create('a', 'x'::bytea)")
+        held = conn.execute("SELECT id, num_attempts FROM fairq.message_dequeue(600000)").fetchone()
+        stats = queue.stats
+
+        def slow_stats() -> Any:  # as on a database of a million messages
+            really_sleep(count_s)
+            return stats()
+
+        def sleep(seconds: float) -> None:
+            waits.append(seconds)
+            conn.execute("SELECT fairq.message_complete(%s, %s)", held)
+
+        monkeypatch.setattr(queue, "stats", slow_stats)
+        monkeypatch.setattr(cli.time, "sleep", sleep)
+        cli._drain(queue, None, cli._Output())
+    assert len(waits) == 1 and waits[0] >= cli.DRAIN_WAIT_PER_COUNT * count_s
 
 
 def test_queue_drain_gives_up_after_its_timeout(dsn: str) -> None:

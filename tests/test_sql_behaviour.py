@@ -261,6 +261,45 @@ def test_due_messages_order_by_priority_then_dequeue_at_then_id(conn: Conn) -> N
     assert [d.content for d in dequeue(conn, n=10)] == [b"high-scheduled", b"urgent-now"]
 
 
+FLOOD = 2_500  # scheduled messages of one channel due together: over two serves' bound
+
+
+def test_a_flood_of_due_messages_is_promoted_a_bounded_number_a_serve_in_priority_order(
+        conn: Conn) -> None:
+    """A campaign scheduled for one instant is moved to 'ready' a bounded number of
+    messages a serve (0.7.39 moved them all in the first: seconds for a million, and
+    past a statement_timeout every dequeue that picked the channel failed), and still
+    every delivery is the best due message: by priority, then dequeue_at, then id."""
+    bound = conn.execute("SELECT fairq.promotions_per_serve()").fetchone()[0]  # type: ignore[index]
+    assert 2 * bound < FLOOD
+    now = conn.execute("SELECT fairq.clock()").fetchone()[0]  # type: ignore[index]
+    # Due in the next 2.5 s, one a ms; priorities unrelated to that order; and one
+    # message of top priority that stays in the future.
+    conn.execute(
+        "SELECT fairq.message_create_batch(array_fill('flood'::text, ARRAY[%(n)s]),"
+        " array_agg(i::text::bytea ORDER BY i), array_agg(%(now)s + i * interval '1 ms' ORDER BY i),"
+        " array_agg((i * 7919) %% 5 ORDER BY i)) FROM generate_series(1, %(n)s) AS i",
+        {"n": FLOOD, "now": now + timedelta(seconds=1)})
+    create(conn, "flood", b"future", dequeue_at=now + timedelta(hours=1), priority=100)
+    travel(conn, 5_000)
+    expected = [str(i).encode() for i in sorted(range(1, FLOOD + 1),
+                                                key=lambda i: (-((i * 7919) % 5), i))]
+    got = [d.content for d in dequeue(conn)]
+    ready, due = conn.execute(
+        "SELECT count(*) FILTER (WHERE m.status = 'ready'),"
+        " count(*) FILTER (WHERE m.status = 'scheduled' AND m.dequeue_at <= fairq.clock())"
+        " FROM fairq.message m JOIN fairq.channel c ON c.id = m.channel_id"
+        " WHERE c.name = 'flood'").fetchone()  # type: ignore[misc]
+    assert ready <= 2 * bound and due > 0  # bounded: the rest wait for later serves
+    while len(got) < FLOOD:
+        more = [d.content for d in dequeue(conn, n=400)]
+        assert more
+        got += more
+    assert got == expected
+    assert dequeue(conn) == []  # the future one still waits, however urgent
+    assert problems(conn) == []
+
+
 def test_priority_never_skips_the_round_robin(conn: Conn) -> None:
     for _ in range(5):
         create(conn, "vip", priority=1000)

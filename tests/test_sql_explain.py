@@ -148,6 +148,21 @@ def test_recovery_and_scheduled_promotion_use_index_scans_only(loaded: Conn) -> 
     assert dequeue_one(loaded) is not None
 
 
+def test_a_flood_of_due_messages_is_promoted_by_lookups(loaded: Conn) -> None:
+    """More of a channel's scheduled messages due than a serve promotes: the best of
+    them by priority come from message_scheduled_priority_ix, not from reading every
+    due message (which each serve of the flooded channel would do again)."""
+    loaded.execute(
+        "SELECT fairq.message_create_batch(array_fill('flood'::text, ARRAY[3000]),"
+        " array_fill('x'::bytea, ARRAY[3000]),"
+        " array_agg(fairq.clock() + interval '1 second' + i * interval '1 ms'),"
+        " array_agg(i % 3), NULL, 'flood') FROM generate_series(1, 3000) AS i")
+    travel(loaded, 10_000)
+    plans = plans_of(loaded, "SELECT * FROM fairq.message_dequeue(30000, 1, 'flood')")
+    assert_index_only(plans)
+    assert any("message_scheduled_priority_ix" in plan for plan in plans), "\n\n".join(plans)
+
+
 # The queue the plan checks below plan on (five channels of a message each), and the
 # one they then run on (40,000 messages over 2,000 more channels).
 SMALL_QUEUE = "SELECT fairq.message_create('t-' || i, 'x') FROM generate_series(100, 104) i"

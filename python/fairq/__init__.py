@@ -24,7 +24,7 @@ from fairq.types import (
 )
 from fairq.worker import Backoff, Worker
 
-__version__ = "0.7.39"
+__version__ = "0.7.40"
 
 __all__ = [
     "AsyncMessage",
