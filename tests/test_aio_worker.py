@@ -218,6 +218,53 @@ def test_a_stale_message_is_not_completed(hdsn: str, caplog: pytest.LogCaptureFi
         asyncio.run(scenario())
 
 
+def test_a_heartbeat_answered_after_the_completion_committed_is_no_lost_lock(
+        hdsn: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """As tests/test_worker.py's twin: a heartbeat that answered not_found once the
+    completion had committed, the message still on the worker's list, was logged as
+    "lock lost while its handler runs"."""
+    import fairq.aio_worker
+
+    real_settle = fairq.aio_worker.settle
+
+    async def scenario() -> None:
+        async with AsyncQueue(hdsn) as queue:
+            real_heartbeat = queue.heartbeat
+            heartbeats = 0
+
+            async def counted_heartbeat(*args: Any, **kwargs: Any) -> SettleStatus:
+                nonlocal heartbeats
+                status = await real_heartbeat(*args, **kwargs)
+                heartbeats += 1
+                return status
+
+            async def settle_then_wait(message: AsyncMessage[bytes], settlement: Any,
+                                       conn: Any = None) -> Any:
+                status = await real_settle(message, settlement, conn)
+                # Committed, the message still on the worker's list: the heartbeat
+                # round that starts second from now has let the first one finish.
+                since = heartbeats
+                await until(lambda: heartbeats >= since + 2)
+                settled.set()
+                return status
+
+            async def handler(message: AsyncMessage[bytes]) -> None:
+                pass
+
+            settled = asyncio.Event()
+            monkeypatch.setattr(queue, "heartbeat", counted_heartbeat)
+            monkeypatch.setattr(fairq.aio_worker, "settle", settle_then_wait)
+            await queue.send("s", b"job")
+            async with running(AsyncWorker(queue, handler, lock=timedelta(milliseconds=300),
+                                           **FAST)):
+                await asyncio.wait_for(settled.wait(), TIMEOUT)
+            assert (await queue.stats()).size == 0
+
+    with caplog.at_level(logging.DEBUG, logger="fairq.worker"):
+        asyncio.run(scenario())
+    assert "lock lost" not in caplog.text
+
+
 def test_stop_lets_running_handlers_finish_and_takes_nothing_new(hdsn: str) -> None:
     async def scenario() -> None:
         async with AsyncQueue(hdsn) as queue:

@@ -378,6 +378,52 @@ def test_a_handler_that_settles_its_own_message_is_no_lost_lock(
     assert (stats.scheduled, stats.in_flight) == (1, 0)
 
 
+def test_a_heartbeat_answered_after_the_completion_committed_is_no_lost_lock(
+        queue: Queue[bytes], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A heartbeat that waited for the row of a completion under way (or that went out
+    once it had committed, before the worker took the message off its list) answered
+    not_found, which 0.7.39 logged as "lock lost while its handler runs": after a
+    restart, each completion sent again logged it every heartbeat until the pool was
+    back, and short handlers logged it now and then in normal operation. The
+    completion's own answer says whether the lock was lost."""
+    import fairq.worker
+
+    real_settle = fairq.worker.settle
+    real_heartbeat = queue.heartbeat
+    heartbeats = 0
+    counted = threading.Condition()
+
+    def counted_heartbeat(*args: Any, **kwargs: Any) -> SettleStatus:
+        nonlocal heartbeats
+        status = real_heartbeat(*args, **kwargs)
+        with counted:
+            heartbeats += 1
+            counted.notify_all()
+        return status
+
+    def settle_then_wait(message: Message[bytes], settlement: Any, conn: Any = None) -> Any:
+        status = real_settle(message, settlement, conn)
+        # Committed, the message still on the worker's list: the heartbeat round that
+        # starts second from now has let the first one finish (its report included).
+        with counted:
+            since = heartbeats
+            assert counted.wait_for(lambda: heartbeats >= since + 2, 60)
+        settled.set()
+        return status
+
+    settled = threading.Event()
+    monkeypatch.setattr(queue, "heartbeat", counted_heartbeat)
+    monkeypatch.setattr(fairq.worker, "settle", settle_then_wait)
+    queue.send("s", b"job")
+    with caplog.at_level(logging.DEBUG, logger="fairq.worker"), \
+            running(Worker(queue, lambda message: None, lock=timedelta(milliseconds=300),
+                           **FAST)):
+        eventually(settled.is_set)
+    assert queue.stats().size == 0
+    assert "lock lost" not in caplog.text
+
+
 def test_concurrency_runs_handlers_in_parallel(queue: Queue[bytes], dsn: str) -> None:
     queue.send_many([NewMessage(f"c{i}", b"job") for i in range(4)])
     running_now: list[int] = []

@@ -440,6 +440,11 @@ def report_heartbeat_held(message: ReceivedMessage[Any]) -> None:
 
 
 def report_heartbeat(message: ReceivedMessage[Any], status: SettleStatus) -> None:
+    """For a delivery whose handler still runs. Not for one settled or being settled: a
+    heartbeat that waited for the row of its completion, or went out once that had
+    committed, answers not_found (0.7.39 logged it as a lost lock: after a restart,
+    once per heartbeat until the completion, sent again, got through), and the
+    settlement's own answer says whether the lock was lost."""
     if status is not SettleStatus.HEARTBEATED and not message.settled_by_holder:
         log.warning("message %s (attempt %s): lock lost while its handler runs (%s)",
                     message.id, message.num_attempts, status.value)

@@ -352,8 +352,9 @@ class AsyncWorker(Generic[T]):
                             await conn.close()
                             conn = None  # connected again for the next
                         continue
-                    if _work.delivery(message) in self._running:  # else settled meanwhile
-                        _work.report_heartbeat(message, status)
+                    delivery = _work.delivery(message)
+                    if delivery in self._running and delivery not in self._settling:
+                        _work.report_heartbeat(message, status)  # (which says why not else)
         finally:
             if conn is not None:
                 await conn.close()

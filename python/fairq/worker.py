@@ -368,9 +368,11 @@ class Worker(Generic[T]):
                             conn.close()
                             conn = None  # connected again for the next
                         continue
-                    with self._in_flight_changed:  # settled meanwhile: nothing was lost
-                        running_still = _work.delivery(message) in self._in_flight
-                    if running_still:
+                    with self._in_flight_changed:
+                        delivery = _work.delivery(message)
+                        running_still = (delivery in self._in_flight
+                                         and delivery not in self._settling)
+                    if running_still:  # (else _work.report_heartbeat says why not)
                         _work.report_heartbeat(message, status)
         finally:
             if conn is not None:
