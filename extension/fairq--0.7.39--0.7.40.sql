@@ -55,6 +55,8 @@ DECLARE
     v_woken boolean;  -- a picked channel may have wakes queued
     v_scheduled_due boolean;  -- a picked channel may have scheduled messages come due
     v_promoted integer;  -- scheduled messages of the picked channels moved to 'ready'
+    v_flooded bigint[] := '{}';  -- channels promoted by priority at v_flooded_at (step 3)
+    v_flooded_at timestamptz;
     v_uneven boolean;  -- the round may end before the last channel picked
     v_collect boolean;  -- the collector's turn was due when the call began
     v_done boolean;  -- what the checks return (validate.sql)
@@ -207,8 +209,10 @@ BEGIN
 
         -- Step 3. (SKIP LOCKED: a message being cancelled stays put.) More promoted
         -- than one channel's bound means a channel had more due: the second statement
-        -- promotes, in each channel, the first by priority (none where all were in).
-        IF v_scheduled_due THEN
+        -- promotes, in each channel, the first by priority (none where all were in),
+        -- as many as this call may serve; so later rounds of the call, at the same
+        -- clock, need promote nothing more in those channels.
+        IF v_scheduled_due AND NOT (v_flooded_at = v_now AND v_picked <@ v_flooded) THEN
             UPDATE fairq.message m SET status = 'ready'
              WHERE m.id = ANY (ARRAY(
                    SELECT s.id FROM unnest(v_picked) AS p(id)
@@ -229,8 +233,10 @@ BEGIN
                                WHERE s.channel_id = p.id AND s.status = 'scheduled'
                                  AND s.dequeue_at <= v_now
                                ORDER BY s.priority DESC, s.dequeue_at, s.id
-                               LIMIT fairq.promotions_per_serve()
+                               LIMIT GREATEST(fairq.promotions_per_serve(), p_max_messages)
                                  FOR UPDATE SKIP LOCKED) s));
+                v_flooded := v_picked;
+                v_flooded_at := v_now;
             END IF;
         END IF;
         IF v_attempts_capped THEN

@@ -33,13 +33,13 @@
 --      (so priority orders everything due, and a future message waits however
 --      urgent), bury heads that would exceed max_attempts, then lock each channel's
 --      best ready message: one lookup on message_ready_ix (priority DESC,
---      dequeue_at, id) per channel. A serve promotes at most
---      fairq.promotions_per_serve() of a channel's messages in each order below, so
---      that a campaign of a million messages due at one instant costs each serve a
---      few ms, not one serve seconds (past a statement_timeout, every dequeue that
---      picked the channel failed, and it stayed first in the rotation): those first
---      due, and, when more than that are due, those first by priority
---      (message_scheduled_priority_ix). The best due message is then ready: any left
+--      dequeue_at, id) per channel. A call promotes a bounded number of a channel's
+--      messages, so that a campaign of a million messages due at one instant costs
+--      each call a few ms, not one call seconds (past a statement_timeout, every
+--      dequeue that picked the channel failed, and it stayed first in the rotation):
+--      the first fairq.promotions_per_serve() due, and, when more than that are due,
+--      the first by priority (message_scheduled_priority_ix), as many as the call may
+--      hand out and at least that bound. The best due message is then ready: any left
 --      scheduled comes after every message promoted by priority.
 --   4. Give each served channel its next turn: while it may be served again at once
 --      it stays in the rotation, moved on by its stride (1,000,000 / weight); else it
@@ -287,6 +287,8 @@ DECLARE
     v_woken boolean;  -- a picked channel may have wakes queued
     v_scheduled_due boolean;  -- a picked channel may have scheduled messages come due
     v_promoted integer;  -- scheduled messages of the picked channels moved to 'ready'
+    v_flooded bigint[] := '{}';  -- channels promoted by priority at v_flooded_at (step 3)
+    v_flooded_at timestamptz;
     v_uneven boolean;  -- the round may end before the last channel picked
     v_collect boolean;  -- the collector's turn was due when the call began
     v_done boolean;  -- what the checks return (validate.sql)
@@ -439,8 +441,10 @@ BEGIN
 
         -- Step 3. (SKIP LOCKED: a message being cancelled stays put.) More promoted
         -- than one channel's bound means a channel had more due: the second statement
-        -- promotes, in each channel, the first by priority (none where all were in).
-        IF v_scheduled_due THEN
+        -- promotes, in each channel, the first by priority (none where all were in),
+        -- as many as this call may serve; so later rounds of the call, at the same
+        -- clock, need promote nothing more in those channels.
+        IF v_scheduled_due AND NOT (v_flooded_at = v_now AND v_picked <@ v_flooded) THEN
             UPDATE fairq.message m SET status = 'ready'
              WHERE m.id = ANY (ARRAY(
                    SELECT s.id FROM unnest(v_picked) AS p(id)
@@ -461,8 +465,10 @@ BEGIN
                                WHERE s.channel_id = p.id AND s.status = 'scheduled'
                                  AND s.dequeue_at <= v_now
                                ORDER BY s.priority DESC, s.dequeue_at, s.id
-                               LIMIT fairq.promotions_per_serve()
+                               LIMIT GREATEST(fairq.promotions_per_serve(), p_max_messages)
                                  FOR UPDATE SKIP LOCKED) s));
+                v_flooded := v_picked;
+                v_flooded_at := v_now;
             END IF;
         END IF;
         IF v_attempts_capped THEN
