@@ -16,18 +16,27 @@ crash and restart:
 The crash is triggered by progress (200 committed creates, 60 committed
 completions), and the producers wait after 300 of their 400 messages until the
 crash, so it always lands mid-load with work still to create.
+
+On the same kind of cluster, a long outage (the server stopped while workers wait
+for work): once the server is back, a Worker and an AsyncWorker on queues that own
+their pools take work again within seconds, not after the pool's growing backoff.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from fairq import AsyncMessage, AsyncQueue, AsyncWorker, Message, Queue, Worker
 from fairq.cluster import Cluster
 from test_concurrency import spawn
 
@@ -138,6 +147,106 @@ def test_committed_work_survives_a_database_crash(crash_cluster: Cluster, tmp_pa
     assert done[0] == done[1]
     assert set(by_queue) == set(QUEUES)  # both queues were served
     assert problems_at_end == []
+
+
+def test_workers_take_work_within_seconds_of_the_end_of_a_long_outage(
+        crash_cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    dsn = crash_cluster.dsn("postgres")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION fairq")
+    handled: dict[bytes, float] = {}  # content -> monotonic time its handler ran
+
+    def handle(message: Message[bytes]) -> None:
+        handled[message.content] = time.monotonic()
+
+    async def ahandle(message: AsyncMessage[bytes]) -> None:
+        handled[message.content] = time.monotonic()
+
+    poll = timedelta(milliseconds=500)
+    queue = Queue(dsn, name="sync")
+    worker = Worker(queue, handle, poll_interval=poll)
+    aworkers: list[AsyncWorker[bytes]] = []
+
+    async def run_async_worker() -> None:
+        async with AsyncQueue(dsn, name="async") as aqueue:
+            aworkers.append(AsyncWorker(aqueue, ahandle, poll_interval=poll))
+            await aworkers[0].run()
+
+    # A producer's call made while the server is down waits in its pool's queue (the
+    # pool's timeout: 30 s) all through the outage, with no new call to start new
+    # connect attempts, and must go through once the server is back.
+    producer = Queue(dsn, name="producer")
+    producer_met: list[str | float] = []  # errors, then when a send went through
+    finished = threading.Event()
+
+    def send_through_the_outage() -> None:
+        while not finished.is_set():
+            try:
+                producer.send("c", b"x")
+            except psycopg.OperationalError as exc:  # (PoolTimeout is one)
+                producer_met.append(type(exc).__name__)
+            else:
+                producer_met.append(time.monotonic())
+                return
+
+    threads = [threading.Thread(target=worker.run),
+               threading.Thread(target=asyncio.run, args=(run_async_worker(),), name="aio")]
+    for thread in threads:
+        thread.start()
+
+    def send_both(content: bytes) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for name in ("sync", "async"):
+                Queue(conn, name=name).send(name, content + name.encode())
+
+    def connects_failing_since(seconds: float) -> bool:
+        """Whether each pool's connects have failed for ``seconds``, and its attempts
+        span 13 s (those of the async pool are logged from its loop's thread)."""
+        failed: dict[bool, list[float]] = {True: [], False: []}
+        for record in caplog.records:
+            if record.getMessage().startswith("error connecting in 'fairq'"):
+                failed[record.threadName == "aio"].append(record.created)
+        return all(times and time.time() - times[0] >= seconds and times[-1] - times[0] >= 13
+                   for times in failed.values())
+
+    try:
+        send_both(b"before-")
+        producer.send("c", b"x")
+        assert _wait(lambda: {b"before-sync", b"before-async"} <= set(handled), 30)
+        with caplog.at_level(logging.WARNING, logger="psycopg.pool"):
+            crash_cluster.stop("fast")
+            down = time.monotonic()
+            threads.append(threading.Thread(target=send_through_the_outage))
+            threads[-1].start()
+            # psycopg_pool's own backoff tries at 0, 1, 3, 7, 15 and 31 s (+-10%) of a
+            # series; the worker's retries start a few series within a second or two
+            # of each other. At 18 s each has made its 15 s attempt and waits for its
+            # 31 s one: the pools of 0.7.40 came back 10-13.5 s after the server, these
+            # within 1 s.
+            assert _wait(lambda: connects_failing_since(18), 60)
+            crash_cluster.start()
+            up = time.monotonic()
+            send_both(b"after-")
+            assert _wait(lambda: {b"after-sync", b"after-async"} <= set(handled), 30)
+            assert _wait(lambda: producer_met and isinstance(producer_met[-1], float), 30)
+        back = {name: round(handled[b"after-" + name.encode()] - up, 1)
+                for name in ("sync", "async")}
+        sent = producer_met[-1]
+        assert isinstance(sent, float)
+        print(f"\noutage of {up - down:.1f} s: work taken again {back} s after the server,"
+              f" the producer's send went through {sent - up:.1f} s after it"
+              f" (after {producer_met[:-1]})")
+        assert back["sync"] < 6 and back["async"] < 6, back
+        assert "PoolTimeout" not in producer_met and sent - up < 6, producer_met
+    finally:
+        finished.set()
+        worker.stop(now=True)
+        for aworker in aworkers:
+            aworker.stop(now=True)
+        for thread in threads:
+            thread.join(30)
+        queue.close()
+        producer.close()
 
 
 def _wait(predicate: Any, timeout: float) -> bool:
