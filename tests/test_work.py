@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import psycopg
 import pytest
 
 from fairq import _work
@@ -150,3 +152,24 @@ def test_options_refuse_what_cannot_work(bad: dict[str, Any]) -> None:
 
 def test_heartbeats_come_three_times_per_lock() -> None:
     assert Options(lock=timedelta(seconds=30)).heartbeat_interval == timedelta(seconds=10)
+
+
+def test_a_listen_outage_is_logged_once_then_once_a_minute_then_its_end(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The LISTEN loop tries to connect again every poll interval while the database
+    is away: each failure logged its traceback (a dozen a minute per worker)."""
+    outage = _work.ListenOutage()
+    down = psycopg.OperationalError("connection refused")
+    with caplog.at_level(logging.INFO, logger="fairq.worker"):
+        for second in range(0, 65, 5):
+            outage.failed(down, 1000.0 + second)
+        outage.connected(1070.0)
+        outage.failed(down, 2000.0)
+    records = [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert records == [
+        ("WARNING", "LISTEN connection lost; polling until it is back", True),
+        ("WARNING", "LISTEN connection still lost after 60 s (13 tries to connect);"
+                    " polling meanwhile: connection refused", False),
+        ("INFO", "LISTEN connection back after 70 s", False),
+        ("WARNING", "LISTEN connection lost; polling until it is back", True),
+    ]

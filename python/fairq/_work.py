@@ -247,6 +247,37 @@ class Wakeups:
         return min(self.poll_interval, due[0] - now)
 
 
+class ListenOutage:
+    """What the LISTEN loop logs while its connection is down: the loss once, with its
+    traceback; then, while every try to connect again fails, one line a
+    ``repeat_after`` (a try every poll interval, each with a traceback, was a dozen
+    tracebacks a minute per worker for as long as the database was away); and the
+    return."""
+
+    def __init__(self, repeat_after: timedelta = timedelta(minutes=1)) -> None:
+        self.repeat_after = repeat_after
+        self._lost_at: float | None = None  # monotonic seconds
+        self._told_at = 0.0
+        self._tries = 0
+
+    def failed(self, exc: BaseException, now: float) -> None:
+        if self._lost_at is None:
+            self._lost_at = self._told_at = now
+            self._tries = 1
+            log.warning("LISTEN connection lost; polling until it is back", exc_info=exc)
+            return
+        self._tries += 1
+        if now - self._told_at >= self.repeat_after.total_seconds():
+            self._told_at = now
+            log.warning("LISTEN connection still lost after %.0f s (%s tries to connect);"
+                        " polling meanwhile: %s", now - self._lost_at, self._tries, exc)
+
+    def connected(self, now: float) -> None:
+        if self._lost_at is not None:
+            log.info("LISTEN connection back after %.0f s", now - self._lost_at)
+            self._lost_at = None
+
+
 class Doorbell:
     """The worker's side of its queue's doorbell (sql/events.sql). Calls that make
     work available send their events only while a worker holds the doorbell, so a

@@ -264,17 +264,19 @@ class AsyncWorker(Generic[T]):
     async def _listen_loop(self) -> None:
         assert self.queue.conninfo is not None  # run() checked it
         conninfo = with_connection_defaults(self.queue.conninfo)
+        outage = _work.ListenOutage()
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(conninfo,
                                                                  autocommit=True) as conn:
                     await conn.execute("LISTEN fairq")
+                    outage.connected(time.monotonic())
                     self._wake.set()  # anything sent before LISTEN took effect
                     async for notify in conn.notifies():
                         if self._wakeups.heard(notify.payload, datetime.now(timezone.utc)):
                             self._wake.set()
-            except psycopg.Error:
-                log.warning("LISTEN connection lost; polling until it is back", exc_info=True)
+            except psycopg.Error as exc:
+                outage.failed(exc, time.monotonic())
                 await asyncio.sleep(self.options.poll_interval.total_seconds())
 
     # -- doing work -----------------------------------------------------------------

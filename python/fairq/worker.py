@@ -287,17 +287,19 @@ class Worker(Generic[T]):
     def _listen_loop(self, finished: threading.Event) -> None:
         assert self.queue.conninfo is not None  # run() checked it
         conninfo = with_connection_defaults(self.queue.conninfo)
+        outage = _work.ListenOutage()
         while not finished.is_set():
             try:
                 with psycopg.connect(conninfo, autocommit=True) as conn:
                     conn.execute("LISTEN fairq")
+                    outage.connected(time.monotonic())
                     self._wake.set()  # anything sent before LISTEN took effect
                     while not finished.is_set():
                         for notify in conn.notifies(timeout=0.5):
                             if self._wakeups.heard(notify.payload, datetime.now(timezone.utc)):
                                 self._wake.set()
-            except psycopg.Error:
-                log.warning("LISTEN connection lost; polling until it is back", exc_info=True)
+            except psycopg.Error as exc:
+                outage.failed(exc, time.monotonic())
                 finished.wait(self.options.poll_interval.total_seconds())
 
     # -- doing work -----------------------------------------------------------------
