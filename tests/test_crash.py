@@ -221,7 +221,7 @@ def test_workers_take_work_within_seconds_of_the_end_of_a_long_outage(
             # psycopg_pool's own backoff tries at 0, 1, 3, 7, 15 and 31 s (+-10%) of a
             # series; the worker's retries start a few series within a second or two
             # of each other. At 18 s each has made its 15 s attempt and waits for its
-            # 31 s one: the pools of 0.7.40 came back 10-13.5 s after the server, these
+            # 31 s one: the pools of 0.7.39 came back 10-13.5 s after the server, these
             # within 1 s.
             assert _wait(lambda: connects_failing_since(18), 60)
             crash_cluster.start()
