@@ -229,9 +229,13 @@ BEGIN
                  WHERE m.id = ANY (ARRAY(
                        SELECT s.id FROM unnest(v_picked) AS p(id)
                         CROSS JOIN LATERAL (
+                              -- (The due test is kept out of the index conditions, as a
+                              -- filter: planned while few messages were due, a scan of
+                              -- message_scheduled_ix by due time with a sort read every
+                              -- due message of the channel at each call.)
                               SELECT s.id FROM fairq.message s
                                WHERE s.channel_id = p.id AND s.status = 'scheduled'
-                                 AND s.dequeue_at <= v_now
+                                 AND s.dequeue_at + interval '0 s' <= v_now
                                ORDER BY s.priority DESC, s.dequeue_at, s.id
                                LIMIT GREATEST(fairq.promotions_per_serve(), p_max_messages)
                                  FOR UPDATE SKIP LOCKED) s));
