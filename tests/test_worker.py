@@ -803,6 +803,11 @@ def test_closing_the_queue_while_run_goes_on_hands_the_work_back_first(
             assert not thread.is_alive(), "run() went on after close()"
     finally:
         release.set()
+    # Once their handlers return, the handed-back messages are not settled: they were,
+    # through the pool the queue had closed ("could not be settled", an error).
+    for handler_thread in threading.enumerate():
+        if handler_thread.name.startswith("fairq-handler"):
+            handler_thread.join(60)
     assert "could not" not in caplog.text
     assert caplog.text.count("handed back as the worker stops (deferred)") == 3, caplog.text
     with Queue(dsn) as again:  # back now, once each, not in 5 min

@@ -340,7 +340,14 @@ class Worker(Generic[T]):
             else:
                 settlement = _work.SUCCESS
         with self._in_flight_changed:
-            self._settling.add(_work.delivery(message))
+            handed_back = _work.delivery(message) not in self._in_flight
+            if not handed_back:
+                self._settling.add(_work.delivery(message))
+        if handed_back:
+            # At the grace period's end, before the handler returned: the hand-back
+            # stands. (Settling answered stale, or failed once the queue had closed
+            # its pool, logged as an error: a queue closed under a running worker.)
+            return
         _work.report_settlement(message, settlement, settle(message, settlement))
         if stopping:
             self.stop()
