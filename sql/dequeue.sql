@@ -241,7 +241,8 @@ END
 $$;
 
 -- Step 3's bound: how many of a channel's scheduled messages that have come due a
--- serve moves to 'ready', in each of the two orders (about 5 µs each).
+-- call moves to 'ready' by due time, and at least how many by priority when more
+-- are due (about 5 µs each).
 CREATE FUNCTION fairq.promotions_per_serve() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1000 $$;
